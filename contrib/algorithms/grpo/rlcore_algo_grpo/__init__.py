@@ -1,0 +1,1 @@
+"""rlcore algorithm plugin: GRPO."""

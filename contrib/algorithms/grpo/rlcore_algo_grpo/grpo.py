@@ -1,0 +1,88 @@
+"""GRPO math: group-relative advantages and the clipped surrogate loss with an optional KL term."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlcore.losses import AGG_MODES, masked_mean
+
+
+@dataclass
+class GRPOConfig:
+    name: str = "grpo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    loss_agg_mode: str = "token-mean"
+    norm_adv_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        from rlcore.errors import ConfigError
+
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ConfigError(f"algorithm.loss_agg_mode = {self.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ConfigError(f"algorithm.kl_estimator = {self.kl_estimator!r}: use one of "
+                              f"{', '.join(KL_ESTIMATORS)}")
+        if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
+            raise ConfigError(f"algorithm.clip_ratio_low/high = {self.clip_ratio_low}/{self.clip_ratio_high}: "
+                              f"need 0 <= low < 1 and high >= 0")
+        if self.kl_coef < 0:
+            raise ConfigError(f"algorithm.kl_coef = {self.kl_coef}: must be >= 0")
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
+                     cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
+    """A_i = (r_i - mean(group)) / (std(group) + eps), the same for every response token of sample i.
+    A group of one sample gets advantage 0 (its std is undefined)."""
+    scores = torch.zeros_like(rewards, dtype=torch.float32)
+    uniform = 0
+    groups = torch.unique(group_ids)
+    for g in groups:
+        idx = group_ids == g
+        r = rewards[idx].float()
+        centred = r - r.mean()
+        if r.numel() > 1 and cfg.norm_adv_by_std:
+            centred = centred / (r.std() + cfg.eps)
+        scores[idx] = centred if r.numel() > 1 else 0.0
+        uniform += int(bool((r == r[0]).all()))
+    adv = scores.unsqueeze(-1) * response_mask
+    return adv, {"algo/groups_all_equal_reward": float(uniform), "algo/groups": float(len(groups))}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    # k3: exp(ref - logp) - (ref - logp) - 1, unbiased for KL(pi || ref) and always >= 0
+    return torch.expm1(-log_ratio) + log_ratio
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                ref_logp: torch.Tensor | None, cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
+    """Per-token PPO clipped surrogate: max(-A r, -A clip(r, 1-low, 1+high)) (+ kl_coef * KL)."""
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    per_token = torch.maximum(unclipped, clipped)
+    metrics = {
+        "actor/pg_loss": masked_mean(per_token, mask).item(),
+        "actor/clip_frac": masked_mean((clipped > unclipped).float(), mask).item(),
+        "actor/approx_kl_old": masked_mean(0.5 * log_ratio.square(), mask).item(),
+    }
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise RuntimeError("kl_coef > 0 but no reference logprobs were computed")
+        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * kl
+        metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
+    return per_token, metrics

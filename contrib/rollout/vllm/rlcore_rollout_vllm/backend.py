@@ -1,0 +1,55 @@
+"""A colocated, in-process vLLM engine as an rlcore RolloutBackend."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import torch
+
+from rlcore.specs import Generation, RolloutBackend
+
+
+class VLLMRollout(RolloutBackend):
+    can_release_memory = False  # the CPU build has no sleep mode; set per platform in __init__
+
+    def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: tensors pass directly
+        threads = torch.get_num_threads()
+        from vllm import LLM
+
+        self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
+                       enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
+                       kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False)
+        torch.set_num_threads(threads)  # vLLM lowers the caller's torch threads; the trainer keeps its setting
+        self.seed = seed
+
+    def _worker(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker
+
+    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> list[list[Generation]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
+                                detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        return [[Generation(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
+                            c.finish_reason or "") for c in o.outputs] for o in outputs]
+
+    def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        return [[o.prompt_logprobs[j][s[j]].logprob for j in range(st, len(s))]
+                for o, s, st in zip(outputs, sequences, start)]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._worker().reload_weights(weights_iterator=iter(named_tensors))
+        self.llm.reset_prefix_cache()
+
+    def stop(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm

@@ -1,0 +1,14 @@
+"""Registers the vLLM rollout backend."""
+from rlcore.hookspecs import hookimpl
+from rlcore.specs import RolloutBackendSpec
+
+
+def _make(model_path, cfg, seed=0, max_model_len=None):
+    from rlcore_rollout_vllm.backend import VLLMRollout
+
+    return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len)
+
+
+@hookimpl
+def rlcore_rollout_backends():
+    return [RolloutBackendSpec("vllm", _make)]

@@ -1,0 +1,109 @@
+"""The run configuration: structured dataclasses, one documented field per key.
+
+Plugin-owned sections (``algorithm`` options, ``task.options``) are free-form here and validated against the
+plugin's own dataclass once plugins are loaded (``rlcore.config.loader.bind_plugin_sections``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+
+@dataclass
+class RunConfig:
+    dir: str = ""                 # where metrics, plots and exports go; empty = runs/<timestamp>
+    seed: int = 0                 # seeds model init, prompt sampling and rollout sampling
+    progress: bool = True         # show a progress bar
+
+
+@dataclass
+class TinyModelConfig:
+    """Sizes of the built-in tiny model, used when model.path is empty."""
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32            # vLLM's CPU attention needs 32, 64, 80, 96, 112, 128, 160, 192, 224 or 256
+    ffn_hidden_size: int = 512
+    max_position_embeddings: int = 64
+
+
+@dataclass
+class ModelConfig:
+    family: str = "qwen3"         # a registered model plugin (see `rlcore plugins`)
+    path: str = ""                # HF checkpoint directory; empty = build the tiny model for the task
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class WarmStartConfig:
+    """A short supervised warm start on the task's examples before RL, cached by its settings."""
+    steps: int = 0                # 0 = no warm start
+    lr: float = 1e-3
+    batch_size: int = 64
+    cache_dir: str = "~/.cache/rlcore/warm_start"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"            # a registered optimizer
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1                   # tensor parallel size
+    pp: int = 1                   # pipeline parallel size
+
+
+@dataclass
+class ActorConfig:
+    micro_batch_size: int = 64    # sequences per forward/backward pass
+    mini_batches: int = 1         # optimizer updates per rollout batch
+    epochs: int = 1               # passes over each rollout batch
+    dtype: str = "float32"        # float32 | bfloat16
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "vllm"         # a registered rollout backend
+    n: int = 8                    # samples per prompt (the GRPO group size)
+    temperature: float = 1.0
+    max_response_len: int = 8     # tokens
+    kv_cache_gib: float = 0.25    # KV cache reserved by the engine (CPU engines cannot release it)
+
+
+@dataclass
+class TaskConfig:
+    name: str = "addition"        # a registered task
+    reward: str = ""              # a registered reward; empty = the task's default
+    options: Dict[str, Any] = field(default_factory=dict)   # task-specific, validated by the task
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 100              # RL steps
+    prompts_per_step: int = 16
+    eval_every: int = 0           # held-out greedy evaluation every N steps (0 = only before and after)
+    check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps
+    logprob_tolerance: float = 1e-3
+    loggers: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    algorithm: Dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})  # name + the algorithm's options
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,234 @@
+"""The RL loop (single controller): rollout -> reward -> logprobs -> advantages -> update, plus evaluation."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlcore.config import Config, bind_plugin_section, to_dict
+from rlcore.data import Batch, build_sequences
+from rlcore.engine.hybrid import HybridEngine
+from rlcore.engine.logprob_check import check_logprobs, fixed_probe
+from rlcore.errors import RlcoreError
+from rlcore.losses import aggregate, masked_mean
+from rlcore.megatron.model import read_hf_config, read_hf_weights
+from rlcore.plugins import LoadedPlugins
+from rlcore.warm_start import prepare_model
+
+log = logging.getLogger(__name__)
+
+
+class Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+class Trainer:
+    """Builds every part from the registry and runs ``cfg.trainer.steps`` RL steps."""
+
+    def __init__(self, cfg: Config, plugins: LoadedPlugins):
+        self.cfg, self.plugins = cfg, plugins
+        reg = plugins.registry
+        self.spec = reg.get("models", cfg.model.family)
+        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        task_spec = reg.get("tasks", cfg.task.name)
+        self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
+        self.reward_name = cfg.task.reward or task_spec.default_reward
+        self.reward = reg.get("rewards", self.reward_name)
+        self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
+        self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
+        self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
+        plugins.hook.rlcore_configure(config=cfg)
+
+    # --- setup ---------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from rlcore.megatron.actor import MegatronActor
+
+        cfg = self.cfg
+        self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(self.run_dir, exist_ok=True)
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
+        self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.eos_id = self.tokenizer.eos_token_id
+        hf_config = read_hf_config(self.model_path)
+        arch = (hf_config.get("architectures") or ["?"])[0]
+        if arch not in self.spec.hf_architectures:
+            raise RlcoreError(f"model.path {self.model_path} holds a {arch} checkpoint but model.family "
+                              f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
+        self.actor = MegatronActor(self.spec, hf_config, cfg.actor, self.optimizer_spec,
+                                   hf_state=read_hf_weights(self.model_path), seed=cfg.run.seed)
+        if self.algorithm.needs_reference(self.algo_cfg):
+            self.actor.freeze_reference()
+        self.max_len = hf_config["max_position_embeddings"]
+        self.rollout = self.backend_spec.factory(self.model_path, cfg.rollout, seed=cfg.run.seed,
+                                                 max_model_len=self.max_len)
+        self.engine = HybridEngine(self.actor, self.rollout)
+        self.engine.synced_version = 0  # the engine started from the same checkpoint as the actor
+        self.loggers = [c() for c in self.logger_classes]
+        for lg in self.loggers:
+            lg.open(self.run_dir, cfg)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
+            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens; with rollout.max_response_len "
+                              f"{self.cfg.rollout.max_response_len} it exceeds the model's context "
+                              f"{self.max_len}. Shorten prompts or lower rollout.max_response_len.")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def score(self, texts: list[str], meta: list[dict]) -> list[float]:
+        try:
+            out = self.reward.fn(texts, meta)
+        except Exception as e:
+            raise RlcoreError(f"reward {self.reward_name!r} raised {type(e).__name__}: {e}") from e
+        if isinstance(out, dict):  # named components: the total is their sum
+            out = [sum(v) for v in zip(*out.values())]
+        return [float(x) for x in out]
+
+    # --- evaluation ----------------------------------------------------------------------------------------------
+    def evaluate(self) -> float:
+        """Greedy held-out accuracy (mean reward)."""
+        self.engine.rollout_mode()
+        prompts = self.task.eval_prompts()
+        gens = self.rollout.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
+                                     max_tokens=self.cfg.rollout.max_response_len)
+        rewards = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])
+        return sum(rewards) / len(rewards)
+
+    # --- one RL step ---------------------------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        cfg, timer = self.cfg, Timer()
+        metrics: dict[str, float] = {}
+        prompts = self.task.train_prompts(step, cfg.trainer.prompts_per_step)
+        prompt_ids = [self.encode(p) for p, _ in prompts]
+        with timer("sync"):
+            sync = self.engine.rollout_mode()
+        if sync is not None:
+            metrics.update({"sync/bytes": float(sync.bytes), "sync/tensors": float(sync.tensors)})
+        if cfg.trainer.check_logprobs_every and step % cfg.trainer.check_logprobs_every == 0:
+            probe = fixed_probe(len(self.tokenizer), seed=step)
+            metrics["check/logprob_max_diff"] = check_logprobs(self.actor, self.rollout, *probe, pad_id=self.eos_id,
+                                                               tolerance=cfg.trainer.logprob_tolerance).max_abs_diff
+        with timer("rollout"):
+            groups = self.rollout.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                                           max_tokens=cfg.rollout.max_response_len)
+        flat_prompts, responses, engine_lp, meta, group_ids = [], [], [], [], []
+        for i, (ids, group) in enumerate(zip(prompt_ids, groups)):
+            for g in group:
+                flat_prompts.append(ids)
+                responses.append(g.token_ids)
+                engine_lp.append(g.logprobs)
+                meta.append(prompts[i][1])
+                group_ids.append(i)
+        with timer("reward"):
+            rewards = torch.tensor(self.score([self.decode(r) for r in responses], meta))
+        batch = Batch(build_sequences(flat_prompts, responses, self.eos_id, engine_lp), meta)
+        batch["rewards"], batch["group_ids"] = rewards, torch.tensor(group_ids)
+        self.plugins.hook.rlcore_rollout_end(step=step, batch=batch)
+
+        self.engine.train_mode()
+        mask = batch["response_mask"]
+        with timer("logprobs"):
+            batch["old_logprobs"] = self.actor.logprobs(batch)
+            if self.actor.reference is not None:
+                batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
+        adv, adv_metrics = self.algorithm.advantages(rewards, batch["group_ids"], mask, self.algo_cfg)
+        batch["advantages"] = adv
+        with timer("train"):
+            train_metrics = self.update(batch)
+        self.engine.mark_updated()
+
+        metrics.update(adv_metrics)
+        metrics.update(train_metrics)
+        metrics.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "response/length_mean": float(batch["response_len"].float().mean()),
+            "response/truncated_frac": sum(g.finish_reason == "length" for grp in groups for g in grp) / len(batch),
+            "advantage/mean": float(masked_mean(adv, mask)),
+            "rollout/logprob_diff_vs_actor": float(masked_mean((batch["rollout_logprobs"]
+                                                                 - batch["old_logprobs"]).abs(), mask)),
+        })
+        metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
+        return metrics
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """``actor.epochs`` passes of ``actor.mini_batches`` optimizer updates over the rollout batch."""
+        mode = self.algorithm.loss_agg_mode(self.algo_cfg)
+        size = -(-len(batch) // self.cfg.actor.mini_batches)
+        collected: dict[str, list[float]] = {}
+        for _ in range(self.cfg.actor.epochs):
+            for mini in batch.split(size):
+                tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
+
+                def loss_fn(logp, mb):
+                    per_token, m = self.algorithm.policy_loss(
+                        logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"],
+                        mb["ref_logprobs"] if "ref_logprobs" in mb else None, self.algo_cfg)
+                    return aggregate(per_token, mb["response_mask"], mode, tokens, seqs), m
+
+                for k, v in self.actor.train_step(mini, loss_fn).items():
+                    collected.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in collected.items()}
+
+    # --- the run -------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from rlcore.report import ProgressBar, plot_rewards
+
+        cfg = self.cfg
+        self.setup()
+        summary = {"run_dir": self.run_dir, "model_path": self.model_path,
+                   "parameters": self.actor.num_parameters()}
+        summary["eval_accuracy_before"] = self.evaluate()
+        history = []
+        bar = ProgressBar(cfg.trainer.steps, enabled=cfg.run.progress)
+        try:
+            for step in range(1, cfg.trainer.steps + 1):
+                self.plugins.hook.rlcore_step_begin(step=step)
+                start = time.perf_counter()
+                metrics = self.step(step)
+                metrics["time/step"] = time.perf_counter() - start
+                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
+                    metrics["eval/accuracy"] = self.evaluate()
+                if step == cfg.trainer.steps:
+                    metrics["eval/accuracy"] = summary["eval_accuracy_after"] = self.evaluate()
+                history.append({"step": step, **metrics})
+                for lg in self.loggers:
+                    lg.log(step, metrics)
+                self.plugins.hook.rlcore_step_end(step=step, metrics=metrics)
+                bar.update(metrics)
+        finally:
+            bar.close()
+            for lg in self.loggers:
+                lg.close()
+        if cfg.trainer.steps == 0:
+            summary["eval_accuracy_after"] = summary["eval_accuracy_before"]
+        summary["plot"] = plot_rewards(history, summary["eval_accuracy_before"], self.run_dir)
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary
+
+    def close(self) -> None:
+        if getattr(self, "rollout", None) is not None:
+            self.rollout.stop()
+            self.rollout = None

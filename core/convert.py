@@ -1,0 +1,146 @@
+"""Declarative Megatron <-> HF weight rules and the converter that applies them.
+
+A model plugin lists rules such as ``Rename("decoder.layers.{layer}.mlp.linear_fc2.weight",
+"model.layers.{layer}.mlp.down_proj.weight", tp_dim=1)``. The converter expands ``{layer}`` once per model into a
+dictionary keyed by the concrete Megatron name, so converting a tensor is a lookup, never a scan.
+
+Every rule converts in both directions and knows its tensor-parallel layout:
+``to_hf(shards)`` takes the TP shards of one Megatron parameter (a single-element list at TP=1) and returns full
+HF tensors; ``from_hf(hf, tp_rank, tp_size)`` returns this rank's Megatron shard from full HF tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model dimensions a rule may need."""
+    num_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int               # the HF vocabulary; Megatron's may be padded beyond it
+
+
+def _cat(shards: list[torch.Tensor], dim: int | None) -> torch.Tensor:
+    return shards[0] if dim is None or len(shards) == 1 else torch.cat(shards, dim)
+
+
+def _shard(t: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
+    return t if dim is None or size == 1 else t.chunk(size, dim)[rank]
+
+
+@dataclass(frozen=True)
+class Rename:
+    """One Megatron tensor is one HF tensor. ``tp_dim``: the dimension split under TP (None = replicated).
+    ``vocab``: the first dimension is the (possibly padded) vocabulary, trimmed / padded on conversion."""
+    megatron: str
+    hf: str
+    tp_dim: int | None = None
+    vocab: bool = False
+
+    def hf_names(self) -> list[str]:
+        return [self.hf]
+
+    def to_hf(self, shards, layout: Layout):
+        full = _cat(shards, self.tp_dim)
+        return [(self.hf, full[: layout.vocab_size] if self.vocab else full)]
+
+    def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
+        t = hf[self.hf]
+        if self.vocab and padded_shape[0] * tp_size > t.shape[0]:
+            t = torch.cat([t, t.new_zeros(padded_shape[0] * tp_size - t.shape[0], *t.shape[1:])])
+        return _shard(t, self.tp_dim, tp_rank, tp_size)
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """Megatron's ``linear_qkv``: per query group, [q heads of the group; k; v] stacked on dim 0, split under TP
+    by whole query groups. HF keeps q, k, v as separate projections."""
+    megatron: str
+    q: str
+    k: str
+    v: str
+
+    def hf_names(self) -> list[str]:
+        return [self.q, self.k, self.v]
+
+    def to_hf(self, shards, layout: Layout):
+        full = _cat(shards, 0)
+        g, d = layout.num_query_groups, layout.head_dim
+        per_group = layout.num_heads // g
+        q, k, v = full.view(g, (per_group + 2) * d, -1).split([per_group * d, d, d], dim=1)
+        return [(self.q, q.reshape(-1, full.shape[-1])), (self.k, k.reshape(-1, full.shape[-1])),
+                (self.v, v.reshape(-1, full.shape[-1]))]
+
+    def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
+        g, d = layout.num_query_groups, layout.head_dim
+        per_group = layout.num_heads // g
+        q, k, v = (hf[n] for n in (self.q, self.k, self.v))
+        hidden = q.shape[-1]
+        fused = torch.cat([q.view(g, per_group * d, hidden), k.view(g, d, hidden), v.view(g, d, hidden)], dim=1)
+        return _shard(fused.reshape(-1, hidden), 0, tp_rank, tp_size)
+
+
+@dataclass(frozen=True)
+class FusedGateUp:
+    """Megatron's gated ``linear_fc1``: each TP shard holds [gate_i; up_i]. HF keeps gate and up separate."""
+    megatron: str
+    gate: str
+    up: str
+
+    def hf_names(self) -> list[str]:
+        return [self.gate, self.up]
+
+    def to_hf(self, shards, layout: Layout):
+        halves = [s.chunk(2, 0) for s in shards]
+        return [(self.gate, torch.cat([h[0] for h in halves])), (self.up, torch.cat([h[1] for h in halves]))]
+
+    def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
+        gate, up = hf[self.gate], hf[self.up]
+        return torch.cat([_shard(gate, 0, tp_rank, tp_size), _shard(up, 0, tp_rank, tp_size)])
+
+
+class WeightConverter:
+    """Rules bound to one model: concrete Megatron name -> rule, built once."""
+
+    def __init__(self, rules: list, num_layers: int, layout: Layout):
+        self.layout = layout
+        self.by_megatron: dict[str, object] = {}
+        for rule in rules:
+            layers = range(num_layers) if "{layer}" in rule.megatron else [None]
+            for i in layers:
+                bound = _bind(rule, i)
+                self.by_megatron[bound.megatron] = bound
+
+    def rule(self, megatron_name: str):
+        try:
+            return self.by_megatron[megatron_name]
+        except KeyError:
+            raise KeyError(f"no weight rule maps the Megatron parameter {megatron_name!r}; the model plugin's "
+                           f"weight_rules must cover every parameter") from None
+
+    def to_hf(self, megatron_name: str, shards: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        return self.rule(megatron_name).to_hf(shards, self.layout)
+
+    def hf_names(self) -> list[str]:
+        return [n for r in self.by_megatron.values() for n in r.hf_names()]
+
+    def megatron_from_hf(self, hf: dict[str, torch.Tensor], local_params: Iterable[tuple[str, torch.Tensor]],
+                         tp_rank: int = 0, tp_size: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's Megatron tensors from full HF tensors, for the given local parameter names and shapes."""
+        for name, param in local_params:
+            rule = self.rule(name)
+            missing = [n for n in rule.hf_names() if n not in hf]
+            if missing:
+                raise KeyError(f"HF checkpoint lacks {missing} needed for Megatron parameter {name!r}")
+            yield name, rule.from_hf(hf, self.layout, tp_rank, tp_size, param.shape)
+
+
+def _bind(rule, layer: int | None):
+    fields = {k: (v.format(layer=layer) if isinstance(v, str) and layer is not None else v)
+              for k, v in rule.__dict__.items()}
+    return type(rule)(**fields)

@@ -1,0 +1,59 @@
+"""The batch that flows between controller and workers: tensors with a leading sample dimension + per-sample
+metadata. Sequences are prompt + response, right-padded; per-token tensors are aligned with *label* positions
+(position t scores token t+1), which is what a causal LM's forward produces."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor]
+    meta: list[dict] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        assert value.shape[0] == len(self), f"{key}: leading dim {value.shape[0]} != batch size {len(self)}"
+        self.tensors[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
+        index = torch.as_tensor(index, dtype=torch.long)
+        return Batch({k: v[index] for k, v in self.tensors.items()},
+                     [self.meta[i] for i in index.tolist()] if self.meta else [])
+
+    def split(self, size: int) -> list["Batch"]:
+        """Consecutive pieces of at most ``size`` samples."""
+        return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+
+
+def build_sequences(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
+                    response_logprobs: Sequence[list[float]] | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+response token ids, label-aligned response mask, and the engine's logprobs."""
+    n = len(prompts)
+    length = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, length), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((n, length), dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : len(p) + len(r)] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        start = len(p) - 1                      # label position of the first response token
+        response_mask[i, start: start + len(r)] = 1.0
+        if response_logprobs is not None:
+            rollout_logprobs[i, start: start + len(r)] = torch.tensor(response_logprobs[i], dtype=torch.float32)
+    out = dict(input_ids=input_ids, response_mask=response_mask,
+               prompt_len=torch.tensor([len(p) for p in prompts]),
+               response_len=torch.tensor([len(r) for r in responses]))
+    if response_logprobs is not None:
+        out["rollout_logprobs"] = rollout_logprobs
+    return out

@@ -1,0 +1,14 @@
+"""User-facing errors. Each carries one message that names the problem and says what to do; the CLI prints it and
+exits non-zero without a traceback."""
+
+
+class RlcoreError(Exception):
+    """Base class of every error the CLI reports as a one-line message."""
+
+
+class ConfigError(RlcoreError):
+    """An invalid configuration key or value."""
+
+
+class PluginError(RlcoreError):
+    """A plugin that is unknown, fails to import, or conflicts with another."""

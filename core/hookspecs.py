@@ -1,0 +1,82 @@
+"""Every extension point of rlcore, as typed pluggy hook specs. This file is the single list of them.
+
+Registration hooks return a list of objects; the core collects them into typed registries (``rlcore.registry``)
+and refuses a name claimed twice, naming both plugins. Lifecycle hooks are called with keyword arguments and every
+implementation runs (their return values are ignored), so a plugin that only observes needs no core change.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from rlcore.specs import Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+
+PROJECT = "rlcore"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- registration ---------------------------------------------------------------------------------------------------
+
+@hookspec
+def rlcore_models() -> list[ModelSpec]:
+    """Model families: HF config -> Megatron TransformerConfig, layer spec, HF <-> Megatron weight rules."""
+
+
+@hookspec
+def rlcore_algorithms() -> list[Algorithm]:
+    """RL algorithms: advantage estimator, policy loss, config dataclass, whether a reference model is needed."""
+
+
+@hookspec
+def rlcore_rollout_backends() -> list[RolloutBackendSpec]:
+    """Generation engines (vLLM, SGLang): a name and a factory for a ``RolloutBackend``."""
+
+
+@hookspec
+def rlcore_optimizers() -> list[OptimizerSpec]:
+    """Optimizer builders for the Megatron actor."""
+
+
+@hookspec
+def rlcore_rewards() -> list[RewardSpec]:
+    """Reward functions: ``fn(prompts, responses, metadata) -> list[float]`` or named components."""
+
+
+@hookspec
+def rlcore_tasks() -> list[TaskSpec]:
+    """Prompt sources with a default reward and (optionally) a tokenizer for built-in tiny models."""
+
+
+@hookspec
+def rlcore_loggers() -> list[type[Logger]]:
+    """Metric sink classes (console, JSONL, ...), each with a class attribute ``name``."""
+
+
+# --- lifecycle (observe only; every implementation is called) -------------------------------------------------------
+
+@hookspec
+def rlcore_configure(config: Any) -> None:
+    """Called once with the resolved, validated config before any model is built."""
+
+
+@hookspec
+def rlcore_step_begin(step: int) -> None:
+    """Called at the start of every training step."""
+
+
+@hookspec
+def rlcore_rollout_end(step: int, batch: Any) -> None:
+    """Called after rewards are computed for a step's rollout batch."""
+
+
+@hookspec
+def rlcore_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Called at the end of every training step with that step's metrics."""
+
+
+@hookspec
+def rlcore_checkpoint_saved(step: int, path: str) -> None:
+    """Called after a checkpoint or export has been written."""

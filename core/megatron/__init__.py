@@ -1,0 +1,1 @@
+"""The Megatron-core backend: parallel state, model build from a ModelSpec, training and forward steps."""

@@ -1,0 +1,108 @@
+"""The Megatron actor: a GPTModel with Megatron DDP and optimizer, plus a frozen reference copy when asked.
+
+Every pass runs through Megatron's ``forward_backward_func`` over micro-batches, so the same code serves every
+pipeline schedule. Log-probabilities come from the model's vocab-parallel cross-entropy (logp = -CE), which is
+exact under tensor parallelism without gathering the vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from rlcore.config.schema import ActorConfig
+from rlcore.data import Batch
+from rlcore.megatron.model import build_gpt, iter_hf_weights, load_hf_into, save_hf
+from rlcore.megatron.parallel import init_parallel
+from rlcore.specs import ModelSpec, OptimizerSpec
+
+# loss_fn(logp [b, S] with grad, micro-batch) -> (scalar loss share of the mini-batch, metrics of this micro-batch)
+LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict]]
+
+
+class MegatronActor:
+    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
+                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed)
+        self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
+        self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype)
+        if hf_state is not None:
+            load_hf_into(self.model, self.converter, hf_state)
+        self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
+        self.optimizer = optimizer.build([self.ddp], cfg.optim)
+        self.reference = None
+
+    # --- weights -----------------------------------------------------------------------------------------------
+    def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_hf_weights(self.model, self.converter)
+
+    def save_hf(self, directory: str) -> None:
+        save_hf(self.model, self.converter, self.hf_config, directory)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def freeze_reference(self) -> None:
+        """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
+        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype)
+        self.reference.load_state_dict(self.model.state_dict(), strict=False)
+        self.reference.requires_grad_(False).eval()
+
+    # --- passes ------------------------------------------------------------------------------------------------
+    def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> tuple[list[dict], list]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        micro = batch.split(self.cfg.micro_batch_size)
+        outputs: list[torch.Tensor] = []
+
+        def forward_step(data_iterator, chunk):
+            mb = next(data_iterator)
+            ids = mb["input_ids"]
+            positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+            ce = chunk(ids, positions, None, labels=torch.roll(ids, -1, dims=1))
+
+            def loss_func(per_token_ce):
+                logp = -per_token_ce.float()
+                if loss_fn is None:
+                    outputs.append(logp.detach())
+                    return logp.sum() * 0.0, {}
+                loss, metrics = loss_fn(logp, mb)
+                return loss * len(micro), metrics  # the schedule divides by the number of micro-batches
+
+            return ce, loss_func
+
+        results = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+            num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1],
+            micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only)
+        return results, outputs
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        """Per-label-position logprobs [N, S] of the actor (or the frozen reference)."""
+        model = self.reference if reference else self.ddp
+        if model is None:
+            raise RuntimeError("reference logprobs requested but no reference policy was frozen")
+        was_training = model.training
+        model.eval()
+        _, outputs = self._run(model, batch, None, forward_only=True)
+        model.train(was_training)
+        return torch.cat(outputs)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update on ``batch`` (a mini-batch). Returns the mean of the micro-batch metrics."""
+        self.ddp.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False)
+        ok, grad_norm, _ = self.optimizer.step()
+        metrics: dict[str, float] = {}
+        for r in results:
+            for k, v in r.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) / len(results)
+        metrics["actor/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics["actor/update_skipped"] = 0.0 if ok else 1.0
+        return metrics

@@ -1,0 +1,189 @@
+"""Shims that let megatron-core (pinned: 0.16.1) run on CPU with gloo.
+
+megatron-core assumes CUDA in a few dozen places (RNG tracker, buffers allocated with device="cuda", streams,
+``param.type() == 'torch.cuda.FloatTensor'`` checks). Each shim below works around one such assumption, names the
+modules it touches, and is applied only when the process has no accelerator (``apply()`` is a no-op on CUDA).
+``tests/megatron/test_cpu_shims.py`` removes each shim in turn and checks the model still fails without it, so a shim
+that megatron-core no longer needs shows up as a failing test rather than as dead code.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import types
+from typing import Callable
+
+import torch
+
+SHIMS: dict[str, Callable[[], None]] = {}
+_applied: set[str] = set()
+
+
+def _shim(fn: Callable[[], None]) -> Callable[[], None]:
+    SHIMS[fn.__name__] = fn
+    return fn
+
+
+def needed() -> bool:
+    """Shims apply only where megatron-core cannot use CUDA."""
+    return not torch.cuda.is_available()
+
+
+def apply(skip: tuple[str, ...] = ()) -> None:
+    """Apply every shim once (idempotent). ``skip`` exists for the test that proves each shim is still needed."""
+    if not needed():
+        return
+    for name, fn in SHIMS.items():
+        if name not in skip and name not in _applied:
+            fn()
+            _applied.add(name)
+
+
+# --- a per-module stand-in for `torch` that maps CUDA devices to the CPU ------------------------------------------
+
+def _to_cpu_device(device):
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+class _NoOpEvent:
+    def __init__(self, *a, **k): ...
+    def record(self, *a, **k): ...
+    def wait(self, *a, **k): ...
+    def synchronize(self): ...
+    def query(self): return True
+
+
+class _NoOpStream(_NoOpEvent):
+    def record_event(self, *a, **k): return _NoOpEvent()
+    def wait_stream(self, *a, **k): ...
+    def wait_event(self, *a, **k): ...
+
+
+class _CpuCuda(types.ModuleType):
+    """`torch.cuda` as seen by a shimmed module: the current device is the CPU; streams and events do nothing."""
+
+    def __init__(self):
+        super().__init__("rlcore_cpu_cuda")
+        self.current_device = lambda: "cpu"
+        self.synchronize = lambda *a, **k: None
+        self.is_available = lambda: False
+        self.Event, self.Stream = _NoOpEvent, _NoOpStream
+        self.current_stream = self.default_stream = lambda *a, **k: _NoOpStream()
+        self.stream = lambda *a, **k: contextlib.nullcontext()
+        self.nvtx = types.SimpleNamespace(range_push=lambda *a, **k: None, range_pop=lambda *a, **k: None,
+                                          range=lambda *a, **k: contextlib.nullcontext())
+        self.memory_allocated = self.max_memory_allocated = lambda *a, **k: 0
+        self.empty_cache = lambda: None
+        self.device_count = lambda: 0
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
+_FACTORIES = ("zeros", "ones", "empty", "full", "tensor", "arange", "randn", "rand", "randint", "empty_strided",
+              "zeros_like", "ones_like", "empty_like", "full_like", "as_tensor", "eye", "linspace")
+
+
+class _CpuTorch(types.ModuleType):
+    """`torch` as seen by a shimmed module: tensor factories put "cuda" tensors on the CPU, unpinned."""
+
+    def __init__(self):
+        super().__init__("rlcore_cpu_torch")
+        self.cuda = _CpuCuda()
+        for name in _FACTORIES:
+            setattr(self, name, self._on_cpu(getattr(torch, name)))
+
+    @staticmethod
+    def _on_cpu(factory):
+        def make(*args, device=None, **kwargs):
+            kwargs.pop("pin_memory", None)
+            return factory(*args, device=_to_cpu_device(device), **kwargs)
+        return make
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _cpu_torch_in(*module_names: str) -> None:
+    for name in module_names:
+        importlib.import_module(name).torch = _CpuTorch()
+
+
+# --- the shims ------------------------------------------------------------------------------------------------------
+
+@_shim
+def rng_tracker_on_cpu_generator():
+    """`model_parallel_cuda_manual_seed` and every `get_cuda_rng_tracker().fork()` (weight init, dropout in TP regions)
+    read and write the CUDA generator. Keep the tracker's named states on the CPU generator, same seeding semantics."""
+    from megatron.core.tensor_parallel import random as R
+
+    R._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    R._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_ or name in self.states_:
+            raise Exception(f"rng state {name!r} / seed {seed} already exists")
+        self.seeds_.add(seed)
+        outer = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(outer)
+
+    @contextlib.contextmanager
+    def fork(self, name=R._MODEL_PARALLEL_RNG_TRACKER_NAME):
+        if name not in self.states_:
+            raise Exception(f"rng state {name!r} is not added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    R.CudaRNGStatesTracker.add = add
+    R.CudaRNGStatesTracker.fork = fork
+
+
+@_shim
+def cuda_allocations_on_cpu():
+    """Buffers that megatron-core allocates with device="cuda" / torch.cuda.current_device(): the schedules' token
+    counter, RoPE inv_freq, the global memory buffer, the default causal mask, pipeline p2p receive buffers, TP
+    mapping buffers and GPU-path weight init, the DDP param/grad buffers and the optimizer's found-inf / norm tensors."""
+    _cpu_torch_in(
+        "megatron.core.pipeline_parallel.schedules",
+        "megatron.core.pipeline_parallel.p2p_communication",
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "megatron.core.utils",
+        "megatron.core.transformer.utils",
+        "megatron.core.tensor_parallel.mappings",
+        "megatron.core.tensor_parallel.layers",
+        "megatron.core.distributed.distributed_data_parallel",
+        "megatron.core.distributed.param_and_grad_buffer",
+        "megatron.core.distributed.finalize_model_grads",
+        "megatron.core.optimizer.optimizer",
+        "megatron.core.optimizer.distrib_optimizer",
+        "megatron.core.optimizer.clip_grads",
+        "megatron.core.optimizer.grad_scaler",
+    )
+
+
+@_shim
+def cuda_tensor_type_strings():
+    """The optimizers and grad clipping accept only params whose `type()` is 'torch.cuda.FloatTensor' (or the
+    bf16/fp16 names). In a process without CUDA, report a CPU tensor's type with the CUDA name; `type(dtype)` with an
+    argument is unchanged. Process-wide, which is safe only because no CUDA tensor can exist in such a process."""
+    original = torch.Tensor.type
+
+    def type_(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs:
+            name = original(self)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_

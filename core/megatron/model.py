@@ -1,0 +1,94 @@
+"""Build a Megatron GPTModel from a model plugin's spec, and move weights between it and HF checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from rlcore.convert import Layout, WeightConverter
+from rlcore.specs import ModelSpec
+
+# Fused kernels that need CUDA / TransformerEngine / Apex; off unless running on CUDA.
+_CPU_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+                persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def read_hf_config(path: str) -> dict:
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(os.path.join(path, f)))
+    return state
+
+
+def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
+    """The local (this rank's) GPTModel and the converter bound to it."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.models.gpt import GPTModel
+
+    torch_dtype = DTYPES[dtype]
+    overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
+                     use_cpu_initialization=False,
+                     tensor_model_parallel_size=mpu.get_tensor_model_parallel_world_size(),
+                     pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size())
+    if not torch.cuda.is_available():
+        overrides.update(_CPU_OFF)
+    config = spec.transformer_config(hf_config, **overrides)
+    model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
+                     post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
+    layout = Layout(num_heads=config.num_attention_heads, num_query_groups=config.num_query_groups,
+                    head_dim=config.kv_channels, vocab_size=hf_config["vocab_size"])
+    converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout)
+    return model, converter
+
+
+def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: dict[str, torch.Tensor]) -> None:
+    from megatron.core import parallel_state as mpu
+
+    params = dict(model.named_parameters())
+    tensors = converter.megatron_from_hf(hf_state, params.items(), mpu.get_tensor_model_parallel_rank(),
+                                         mpu.get_tensor_model_parallel_world_size())
+    with torch.no_grad():
+        for name, value in tensors:
+            if value.shape != params[name].shape:
+                raise ValueError(f"HF weights give {name} shape {tuple(value.shape)}, model has "
+                                 f"{tuple(params[name].shape)}: the checkpoint does not match its config.json")
+            params[name].copy_(value)
+
+
+def _tp_shards(param: torch.Tensor) -> list[torch.Tensor]:
+    from megatron.core import parallel_state as mpu
+
+    size = mpu.get_tensor_model_parallel_world_size()
+    if size == 1 or not getattr(param, "tensor_model_parallel", False):
+        return [param.detach()]
+    shards = [torch.empty_like(param) for _ in range(size)]
+    dist.all_gather(shards, param.detach().contiguous(), group=mpu.get_tensor_model_parallel_group())
+    return shards
+
+
+def iter_hf_weights(model: torch.nn.Module, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full HF-named tensors, one Megatron parameter at a time (never the whole model at once)."""
+    for name, param in model.named_parameters():
+        yield from converter.to_hf(name, _tp_shards(param))
+
+
+def save_hf(model: torch.nn.Module, converter: WeightConverter, hf_config: dict, directory: str) -> None:
+    """Write config.json + model.safetensors (tensors only; no pickled code)."""
+    os.makedirs(directory, exist_ok=True)
+    state = {n: t.contiguous().clone() for n, t in iter_hf_weights(model, converter)}
+    save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)

@@ -1,0 +1,105 @@
+"""Plugin manager: entry-point discovery (group ``rlcore``), ``--plugins`` selection, registry construction."""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from importlib import metadata
+
+import pluggy
+
+from rlcore import hookspecs
+from rlcore.errors import PluginError
+from rlcore.registry import KINDS, Registry
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "rlcore"
+BUILTIN_MODULES = ("rlcore_plugins.builtin",)
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.distribution} {self.version})"
+
+
+@dataclass
+class LoadedPlugins:
+    manager: pluggy.PluginManager
+    registry: Registry
+    plugins: list[PluginInfo]
+
+    @property
+    def hook(self):
+        return self.manager.hook
+
+    def describe(self) -> list[dict]:
+        """The resolved plugin set, as logged and stored with every run."""
+        return [dict(name=p.name, distribution=p.distribution, version=p.version,
+                     registers=self.registry.registered_by(p.label)) for p in self.plugins]
+
+
+def installed_entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _info(name: str, ep: metadata.EntryPoint | None) -> PluginInfo:
+    if ep is None or ep.dist is None:
+        return PluginInfo(name, "rlcore", metadata.version("rlcore"))
+    return PluginInfo(name, ep.dist.name, ep.dist.version)
+
+
+def _import(name: str, ep: metadata.EntryPoint):
+    try:
+        return ep.load()
+    except Exception as e:  # the plugin's own import failed: say which distribution and why
+        info = _info(name, ep)
+        raise PluginError(f"plugin {name!r} from {info.distribution} {info.version} failed to import "
+                          f"({ep.value}): {type(e).__name__}: {e}") from e
+
+
+def parse_selection(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise PluginError("--plugins is empty: give a comma-separated list such as --plugins=qwen3,grpo,vllm")
+    return names
+
+
+def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
+    """Load the built-ins plus the selected entry points (all installed ones when ``selected`` is None)."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    available = installed_entry_points()
+    if selected is not None:
+        unknown = [n for n in selected if n not in available]
+        if unknown:
+            listing = ", ".join(f"{n} ({_info(n, ep).distribution})" for n, ep in sorted(available.items())) or "none"
+            raise PluginError(f"unknown plugin(s) {', '.join(map(repr, unknown))} in --plugins. Installed plugins: "
+                              f"{listing}. Install the missing distribution (e.g. pip install rlcore-model-<name>).")
+    chosen = [(n, ep) for n, ep in sorted(available.items()) if selected is None or n in selected]
+
+    infos: list[PluginInfo] = []
+    for module in BUILTIN_MODULES:
+        info = _info("builtin", None)
+        pm.register(importlib.import_module(module), name=info.label)
+        infos.append(info)
+    for name, ep in chosen:
+        info = _info(name, ep)
+        pm.register(_import(name, ep), name=info.label)
+        infos.append(info)
+
+    registry = Registry()
+    for kind, hook_name in KINDS.items():
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            for item in impl.function() or []:
+                registry.add(kind, item, impl.plugin_name)
+    log.info("plugins: %s", ", ".join(i.label for i in infos))
+    return LoadedPlugins(pm, registry, infos)

@@ -1,0 +1,57 @@
+"""Typed registries filled from the registration hooks. A name claimed twice is an error naming both plugins."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlcore.errors import PluginError
+from rlcore.specs import Algorithm, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+
+# registry attribute -> registration hook
+KINDS = {
+    "models": "rlcore_models",
+    "algorithms": "rlcore_algorithms",
+    "rollout_backends": "rlcore_rollout_backends",
+    "optimizers": "rlcore_optimizers",
+    "rewards": "rlcore_rewards",
+    "tasks": "rlcore_tasks",
+    "loggers": "rlcore_loggers",
+}
+
+
+@dataclass
+class Registry:
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    algorithms: dict[str, Algorithm] = field(default_factory=dict)
+    rollout_backends: dict[str, RolloutBackendSpec] = field(default_factory=dict)
+    optimizers: dict[str, OptimizerSpec] = field(default_factory=dict)
+    rewards: dict[str, RewardSpec] = field(default_factory=dict)
+    tasks: dict[str, TaskSpec] = field(default_factory=dict)
+    loggers: dict[str, type] = field(default_factory=dict)
+    # (kind, name) -> label of the plugin that registered it, e.g. "qwen3 (rlcore-model-qwen3 0.1.0)"
+    owners: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, kind: str, item: Any, owner: str) -> None:
+        name = item.name
+        table = getattr(self, kind)
+        if name in table:
+            raise PluginError(f"two plugins register the {kind[:-1].replace('_', ' ')} {name!r}: "
+                              f"{self.owners[(kind, name)]} and {owner}. Uninstall one, or select plugins with "
+                              f"--plugins so that only one of them loads.")
+        table[name] = item
+        self.owners[(kind, name)] = owner
+
+    def get(self, kind: str, name: str) -> Any:
+        table = getattr(self, kind)
+        if name not in table:
+            known = ", ".join(sorted(table)) or "none"
+            raise PluginError(f"no {kind[:-1].replace('_', ' ')} named {name!r} is registered (registered: {known}). "
+                              f"Install the plugin that provides it, or check --plugins.")
+        return table[name]
+
+    def registered_by(self, owner: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for (kind, name), who in self.owners.items():
+            if who == owner:
+                out.setdefault(kind, []).append(name)
+        return out

@@ -1,0 +1,53 @@
+"""What a person watches: the progress bar during the run and the reward-curve PNG after it."""
+from __future__ import annotations
+
+import os
+
+from tqdm import tqdm
+
+PHASES = ("rollout", "sync", "logprobs", "train")
+
+
+class ProgressBar:
+    def __init__(self, total: int, enabled: bool = True):
+        self.bar = tqdm(total=total, desc="rl", unit="step", disable=not enabled, dynamic_ncols=True)
+
+    def update(self, m: dict[str, float]) -> None:
+        shown = {"reward": f"{m.get('reward/mean', 0):.3f}"}
+        if "eval/accuracy" in m:
+            shown["eval_acc"] = f"{m['eval/accuracy']:.3f}"
+        shown.update({p: f"{m.get(f'time/{p}', 0):.2f}s" for p in PHASES})
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def plot_rewards(history: list[dict], eval_before: float, run_dir: str) -> str:
+    """Training reward per step (and a moving average) with held-out accuracy points; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = os.path.join(run_dir, "reward_curve.png")
+    steps = [h["step"] for h in history]
+    rewards = [h.get("reward/mean", float("nan")) for h in history]
+    window = max(1, len(rewards) // 20)
+    smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
+              for i in range(len(rewards))]
+    evals = [(0, eval_before)] + [(h["step"], h["eval/accuracy"]) for h in history if "eval/accuracy" in h]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, color="tab:blue", alpha=0.3, label="train reward (mean per step)")
+    ax.plot(steps, smooth, color="tab:blue", label=f"train reward (moving avg, {window} steps)")
+    ax.plot(*zip(*evals), "o-", color="tab:red", label="held-out greedy accuracy")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,150 @@
+"""The typed things plugins register. Plugins construct these; the core only reads them."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model family. ``hf_config`` is the parsed ``config.json`` of an HF checkpoint (a plain dict).
+
+    transformer_config(hf_config, **overrides) -> megatron TransformerConfig
+    layer_spec(transformer_config) -> megatron ModuleSpec for one decoder layer
+    gpt_kwargs(hf_config) -> extra GPTModel arguments (vocab size, RoPE base, tied embeddings, ...)
+    weight_rules(transformer_config, hf_config) -> list of ``rlcore.convert`` rules (Megatron <-> HF)
+    tiny_hf_config(vocab_size, **sizes) -> an HF config dict for built-in tiny models (tests, quickstart)
+    """
+    name: str
+    hf_architectures: tuple[str, ...]
+    transformer_config: Callable[..., Any]
+    layer_spec: Callable[[Any], Any]
+    gpt_kwargs: Callable[[dict], dict]
+    weight_rules: Callable[[Any, dict], list]
+    tiny_hf_config: Callable[..., dict] | None = None
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An RL algorithm.
+
+    config_cls: dataclass of its options (validated from the ``algorithm`` config section).
+    advantages(rewards [N], group_ids [N], response_mask [N,S], cfg) -> (advantages [N,S], metrics)
+    policy_loss(logp, old_logp, advantages, mask, ref_logp|None, cfg) -> (per-token loss [N,S], metrics)
+    loss_agg_mode(cfg) -> one of rlcore.losses.AGG_MODES
+    needs_reference(cfg) -> whether reference-policy logprobs are required
+    """
+    name: str
+    config_cls: type
+    advantages: Callable[..., tuple[torch.Tensor, dict]]
+    policy_loss: Callable[..., tuple[torch.Tensor, dict]]
+    loss_agg_mode: Callable[[Any], str]
+    needs_reference: Callable[[Any], bool] = lambda cfg: False
+
+
+@dataclass
+class Generation:
+    """One sampled response."""
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutBackend(abc.ABC):
+    """A generation engine colocated with the actor.
+
+    Capabilities differ between builds (vLLM's CPU build cannot release memory); the engine asks
+    ``can_release_memory`` before calling ``release_memory`` / ``resume_memory``.
+    """
+    can_release_memory: bool = False
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
+                 seed: int | None = None) -> list[list[Generation]]:
+        """Sample ``n`` responses per prompt. Returns one list of ``n`` generations per prompt."""
+
+    @abc.abstractmethod
+    def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
+        """Logprob of each token ``sequences[i][j]`` for ``j >= start[i]``, teacher-forced (for correctness checks)."""
+
+    @abc.abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load a stream of full HF-named tensors into the running engine, replacing its weights."""
+
+    def release_memory(self) -> None:
+        """Free weights / KV cache while training runs (only when ``can_release_memory``)."""
+
+    def resume_memory(self) -> None:
+        """Re-allocate what ``release_memory`` freed."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Shut the engine down cleanly."""
+
+
+@dataclass(frozen=True)
+class RolloutBackendSpec:
+    """factory(model_path, rollout_config, seed) -> RolloutBackend"""
+    name: str
+    factory: Callable[..., RolloutBackend]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """build(model_chunks, optim_config) -> a megatron optimizer"""
+    name: str
+    build: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """fn(responses: list[str], metadata: list[dict]) -> list[float] | dict[str, list[float]]"""
+    name: str
+    fn: Callable[[list[str], list[dict]], Any]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A prompt source.
+
+    build(options: dict, seed: int) -> Task
+    default_reward: name of a registered reward
+    """
+    name: str
+    build: Callable[[dict, int], "Task"]
+    default_reward: str
+    description: str = ""
+
+
+class Task(abc.ABC):
+    """Prompts for training and evaluation. ``metadata`` is passed to the reward with each response."""
+
+    @abc.abstractmethod
+    def train_prompts(self, step: int, count: int) -> list[tuple[str, dict]]:
+        """``count`` (prompt text, metadata) pairs for training step ``step`` (deterministic given the seed)."""
+
+    @abc.abstractmethod
+    def eval_prompts(self) -> list[tuple[str, dict]]:
+        """The held-out set, fixed for the run."""
+
+    def supervised_examples(self, step: int, count: int) -> list[tuple[str, str]]:
+        """(prompt, completion) pairs for a supervised warm start; tasks without them raise."""
+        raise NotImplementedError(f"task {type(self).__name__} has no supervised examples for a warm start")
+
+    def write_tokenizer(self, directory: str) -> int:
+        """Write an HF tokenizer for built-in tiny models into ``directory``; return its vocabulary size."""
+        raise NotImplementedError(f"task {type(self).__name__} has no built-in tokenizer; set model.path")
+
+
+class Logger(abc.ABC):
+    name: str = ""
+
+    def open(self, run_dir: str, config: Any) -> None: ...
+
+    @abc.abstractmethod
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,80 @@
+"""Where the run's starting checkpoint comes from: a given HF directory, or the task's tiny model built locally
+and (optionally) warm-started with a short supervised run. Built checkpoints are cached by their settings, so
+only the first run pays for them."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+
+from rlcore.config.schema import ActorConfig, Config, OptimConfig
+from rlcore.data import Batch, build_sequences
+from rlcore.losses import aggregate, masked_mean
+from rlcore.specs import ModelSpec, OptimizerSpec, Task
+
+log = logging.getLogger(__name__)
+READY = "rlcore_ready.json"
+
+
+def _cache_key(cfg: Config) -> str:
+    what = dict(family=cfg.model.family, tiny=dataclasses.asdict(cfg.model.tiny), task=cfg.task.name,
+                options=dict(cfg.task.options), warm=dataclasses.asdict(cfg.warm_start) | {"cache_dir": None},
+                seed=cfg.run.seed, version=1)
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: OptimizerSpec) -> str:
+    """Return an HF checkpoint directory to start RL from (building and caching it when needed)."""
+    if cfg.model.path:
+        return os.path.expanduser(cfg.model.path)
+    if spec.tiny_hf_config is None:
+        raise ValueError(f"model family {spec.name!r} cannot build a tiny model; set model.path")
+    target = os.path.join(os.path.expanduser(cfg.warm_start.cache_dir), f"{spec.name}-{cfg.task.name}-{_cache_key(cfg)}")
+    if os.path.isfile(os.path.join(target, READY)):
+        log.info("using cached starting checkpoint %s", target)
+        return target
+    tmp = f"{target}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    vocab = task.write_tokenizer(tmp)
+    hf_config = spec.tiny_hf_config(vocab_size=vocab, **dataclasses.asdict(cfg.model.tiny))
+    from rlcore.megatron.actor import MegatronActor
+
+    actor_cfg = ActorConfig(micro_batch_size=cfg.warm_start.batch_size,
+                            optim=OptimConfig(lr=cfg.warm_start.lr, weight_decay=0.0))
+    actor = MegatronActor(spec, hf_config, actor_cfg, optimizer, seed=cfg.run.seed)
+    start = time.perf_counter()
+    from transformers import AutoTokenizer
+
+    loss = supervised_warm_start(actor, task, AutoTokenizer.from_pretrained(tmp), cfg.warm_start.steps,
+                                 cfg.warm_start.batch_size)
+    actor.save_hf(tmp)
+    with open(os.path.join(tmp, READY), "w") as f:
+        json.dump({"warm_start_steps": cfg.warm_start.steps, "final_loss": loss,
+                   "seconds": time.perf_counter() - start}, f)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: int) -> float:
+    """Teacher-forced training on the task's (prompt, completion + EOS) examples; returns the last loss."""
+    eos = tokenizer.eos_token_id
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    loss = float("nan")
+    for step in range(steps):
+        examples = task.supervised_examples(step, batch_size)
+        batch = Batch(build_sequences([encode(p) for p, _ in examples], [encode(c) + [eos] for _, c in examples],
+                                      pad_id=eos))
+        tokens = float(batch["response_mask"].sum())
+
+        def nll(logp, mb):
+            mask = mb["response_mask"]
+            return aggregate(-logp, mask, "token-mean", tokens, len(batch)), {"sft/loss": masked_mean(-logp, mask).item()}
+
+        loss = actor.train_step(batch, nll)["sft/loss"]
+    return loss

@@ -1,0 +1,1 @@
+"""Plugins shipped with the core: tasks, rewards, loggers, optimizers. Registered through ``builtin``."""
