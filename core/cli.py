@@ -10,10 +10,11 @@ import warnings
 
 
 def _quiet_third_party() -> None:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
     warnings.filterwarnings("ignore", category=UserWarning, module="megatron")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -28,15 +29,16 @@ def cmd_run(args) -> int:
 
         print(help_text())
         return 0
-    import torch
-
     from rlcore.config import load_config
-    from rlcore.controller import Trainer
     from rlcore.plugins import load_plugins, parse_selection
 
     source, overrides = _split_args(args.args)
     cfg = load_config(source, overrides)           # config errors surface before anything starts
     plugins = load_plugins(parse_selection(args.plugins))
+    import torch
+
+    from rlcore.controller import Trainer
+
     torch.set_num_threads(1)
     trainer = Trainer(cfg, plugins)                 # unknown families / algorithms / tasks surface here
     try:
@@ -45,7 +47,8 @@ def cmd_run(args) -> int:
         trainer.close()
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     print(f"held-out greedy accuracy: before RL {before:.3f}, after RL {after:.3f} ({after - before:+.3f})")
-    print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json)")
+    print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json"
+          f"{', hf/' if 'export' in summary else ''})")
     return 0
 
 

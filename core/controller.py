@@ -79,8 +79,7 @@ class Trainer:
         self.max_len = hf_config["max_position_embeddings"]
         self.rollout = self.backend_spec.factory(self.model_path, cfg.rollout, seed=cfg.run.seed,
                                                  max_model_len=self.max_len)
-        self.engine = HybridEngine(self.actor, self.rollout)
-        self.engine.synced_version = 0  # the engine started from the same checkpoint as the actor
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True)
         self.loggers = [c() for c in self.logger_classes]
         for lg in self.loggers:
             lg.open(self.run_dir, cfg)
@@ -149,9 +148,10 @@ class Trainer:
         self.engine.train_mode()
         mask = batch["response_mask"]
         with timer("logprobs"):
-            batch["old_logprobs"] = self.actor.logprobs(batch)
+            batch["old_logprobs"] = self.actor.logprobs(batch, temperature=cfg.rollout.temperature)
             if self.actor.reference is not None:
-                batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
+                batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True,
+                                                            temperature=cfg.rollout.temperature)
         adv, adv_metrics = self.algorithm.advantages(rewards, batch["group_ids"], mask, self.algo_cfg)
         batch["advantages"] = adv
         with timer("train"):
@@ -187,7 +187,7 @@ class Trainer:
                         mb["ref_logprobs"] if "ref_logprobs" in mb else None, self.algo_cfg)
                     return aggregate(per_token, mb["response_mask"], mode, tokens, seqs), m
 
-                for k, v in self.actor.train_step(mini, loss_fn).items():
+                for k, v in self.actor.train_step(mini, loss_fn, self.cfg.rollout.temperature).items():
                     collected.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
 
@@ -223,10 +223,19 @@ class Trainer:
                 lg.close()
         if cfg.trainer.steps == 0:
             summary["eval_accuracy_after"] = summary["eval_accuracy_before"]
+        if cfg.trainer.export_hf:
+            summary["export"] = self.export_hf(os.path.join(self.run_dir, "hf"))
         summary["plot"] = plot_rewards(history, summary["eval_accuracy_before"], self.run_dir)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
+
+    def export_hf(self, directory: str) -> str:
+        """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
+        self.actor.save_hf(directory)
+        self.tokenizer.save_pretrained(directory)
+        self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
+        return directory
 
     def close(self) -> None:
         if getattr(self, "rollout", None) is not None:

@@ -95,6 +95,7 @@ class TrainerConfig:
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps
     logprob_tolerance: float = 1e-3
     loggers: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
 
 
 @dataclass

@@ -25,11 +25,12 @@ class SyncStats:
 class HybridEngine:
     TRAIN, ROLLOUT = "train", "rollout"
 
-    def __init__(self, actor, rollout: RolloutBackend):
+    def __init__(self, actor, rollout: RolloutBackend, in_sync: bool = False):
+        """``in_sync``: the engine was started from the checkpoint the actor loaded, so no first push is needed."""
         self.actor, self.rollout = actor, rollout
         self.mode = self.TRAIN
-        self.weights_version = 0          # actor updates since construction
-        self.synced_version = -1          # the version the rollout engine holds
+        self.weights_version = 0                      # actor updates since construction
+        self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds
         self.history: list[str] = []      # transitions, for tests of the order
 
     def mark_updated(self) -> None:

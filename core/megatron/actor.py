@@ -6,6 +6,7 @@ exact under tensor parallelism without gathering the vocabulary.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -18,6 +19,21 @@ from rlcore.specs import ModelSpec, OptimizerSpec
 
 # loss_fn(logp [b, S] with grad, micro-batch) -> (scalar loss share of the mini-batch, metrics of this micro-batch)
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict]]
+
+
+@contextmanager
+def logits_divided_by(model, temperature: float):
+    """The sampling policy at temperature T is softmax(logits / T): scale the output layer's logits while inside.
+    Logprobs computed this way match the engine's processed (post-temperature) logprobs."""
+    if temperature == 1.0:
+        yield
+        return
+    layer = next(m for name, m in model.named_modules() if name.endswith("output_layer"))
+    handle = layer.register_forward_hook(lambda mod, inp, out: (out[0] / temperature, *out[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class MegatronActor:
@@ -52,7 +68,8 @@ class MegatronActor:
         self.reference.requires_grad_(False).eval()
 
     # --- passes ------------------------------------------------------------------------------------------------
-    def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool) -> tuple[list[dict], list]:
+    def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool,
+             temperature: float = 1.0) -> tuple[list[dict], list]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micro = batch.split(self.cfg.micro_batch_size)
@@ -74,30 +91,31 @@ class MegatronActor:
 
             return ce, loss_func
 
-        results = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-            num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1],
-            micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only)
+        with logits_divided_by(model, temperature):
+            results = get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+                num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1],
+                micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only)
         return results, outputs
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        """Per-label-position logprobs [N, S] of the actor (or the frozen reference)."""
+    def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:
+        """Per-label-position logprobs [N, S] of the actor (or the frozen reference) at ``temperature``."""
         model = self.reference if reference else self.ddp
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
         was_training = model.training
         model.eval()
-        _, outputs = self._run(model, batch, None, forward_only=True)
+        _, outputs = self._run(model, batch, None, forward_only=True, temperature=temperature)
         model.train(was_training)
         return torch.cat(outputs)
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0) -> dict[str, float]:
         """One optimizer update on ``batch`` (a mini-batch). Returns the mean of the micro-batch metrics."""
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False)
+        results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False, temperature=temperature)
         ok, grad_norm, _ = self.optimizer.step()
         metrics: dict[str, float] = {}
         for r in results:

@@ -19,7 +19,8 @@ class VLLMRollout(RolloutBackend):
 
         self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
-                       kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False)
+                       kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
+                       logprobs_mode="processed_logprobs")  # after temperature: the policy actually sampled
         torch.set_num_threads(threads)  # vLLM lowers the caller's torch threads; the trainer keeps its setting
         self.seed = seed
 

@@ -1,0 +1,29 @@
+"""Shared, expensive fixtures: one short quickstart run (real megatron-core, real vLLM) per test session."""
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# A short quickstart: the preset's model, task and algorithm, fewer RL steps.
+SHORT_QUICKSTART = ["trainer.steps=30", "trainer.eval_every=0", "run.progress=false"]
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory):
+    """A Trainer that has run the short quickstart; its actor and vLLM engine stay up for further checks."""
+    import torch
+
+    from rlcore.config import load_config
+    from rlcore.controller import Trainer
+    from rlcore.plugins import load_plugins
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("quickstart")
+    cfg = load_config("quickstart", SHORT_QUICKSTART + [f"run.dir={root / 'run'}",
+                                                        f"warm_start.cache_dir={root / 'cache'}"])
+    trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+    trainer.summary = trainer.run()
+    yield trainer
+    trainer.close()

@@ -1,0 +1,62 @@
+"""Config loading: presets, YAML + dot-overrides, and one clear error per mistake."""
+import pytest
+
+from rlcore.config import bind_plugin_section, load_config
+from rlcore.errors import ConfigError
+
+
+def test_quickstart_preset_with_overrides():
+    cfg = load_config("quickstart", ["trainer.steps=5", "rollout.n=4", "algorithm.kl_coef=0.01"])
+    assert cfg.trainer.steps == 5 and cfg.rollout.n == 4
+    assert cfg.model.family == "qwen3" and cfg.algorithm["name"] == "grpo" and cfg.algorithm["kl_coef"] == 0.01
+
+
+def test_default_is_quickstart():
+    assert load_config(None, []) == load_config("quickstart", [])
+
+
+def test_yaml_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer: {steps: 7}\nrollout: {n: 2}\n")
+    cfg = load_config(str(f), ["rollout.n=3"])
+    assert cfg.trainer.steps == 7 and cfg.rollout.n == 3
+
+
+def test_misspelled_key_suggests_the_right_one():
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.stpes'.*did you mean 'steps'"):
+        load_config("quickstart", ["trainer.stpes=5"])
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"'trainer.steps'.*'many'"):
+        load_config("quickstart", ["trainer.steps=many"])
+
+
+def test_out_of_range_value_says_what_is_allowed():
+    with pytest.raises(ConfigError, match=r"'rollout.n' = 0 is not allowed: use an integer >= 1"):
+        load_config("quickstart", ["rollout.n=0"])
+
+
+def test_missing_model_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.path '.*nope' does not exist"):
+        load_config("quickstart", [f"model.path={tmp_path}/nope"])
+    with pytest.raises(ConfigError, match=r"has no config.json"):
+        load_config("quickstart", [f"model.path={tmp_path}"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match=r"'nope.yaml' does not exist and is not a preset \(presets: quickstart"):
+        load_config("nope.yaml", [])
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("quickstart", ["trainer.steps"])
+
+
+def test_plugin_section_is_checked_against_the_plugin_dataclass():
+    from rlcore_algo_grpo.grpo import GRPOConfig
+
+    assert bind_plugin_section("algorithm", {"name": "grpo", "kl_coef": 0.5}, GRPOConfig).kl_coef == 0.5
+    with pytest.raises(ConfigError, match=r"unknown config key 'algorithm.kl_cof'.*did you mean 'kl_coef'"):
+        bind_plugin_section("algorithm", {"name": "grpo", "kl_cof": 0.5}, GRPOConfig)

@@ -1,0 +1,50 @@
+"""The train <-> rollout state machine: order of memory hand-off and when weights are pushed. A recording backend
+stands in for the engine here because this is pure control logic; tests/test_weight_sync.py uses real vLLM."""
+import torch
+
+from rlcore.engine.hybrid import HybridEngine
+from rlcore.specs import RolloutBackend
+
+
+class RecordingBackend(RolloutBackend):
+    def __init__(self, can_release):
+        self.can_release_memory = can_release
+        self.calls, self.received = [], []
+
+    def generate(self, *a, **k): raise AssertionError("not used")
+    def score(self, *a, **k): raise AssertionError("not used")
+    def update_weights(self, named):
+        self.calls.append("update_weights")
+        self.received = list(named)
+    def release_memory(self): self.calls.append("release_memory")
+    def resume_memory(self): self.calls.append("resume_memory")
+    def stop(self): ...
+
+
+class TinyActor:
+    def hf_weights(self):
+        yield "a", torch.zeros(2, 3)
+        yield "b", torch.zeros(4, dtype=torch.bfloat16)
+
+
+def test_order_with_a_backend_that_can_release_memory():
+    backend = RecordingBackend(can_release=True)
+    engine = HybridEngine(TinyActor(), backend)
+    stats = engine.rollout_mode()
+    assert backend.calls == ["resume_memory", "update_weights"]
+    assert stats.bytes == 2 * 3 * 4 + 4 * 2 and stats.tensors == 2
+    assert engine.rollout_mode() is None, "already in rollout mode: nothing happens"
+    engine.train_mode()
+    assert backend.calls[-1] == "release_memory"
+
+
+def test_weights_are_pushed_only_when_stale():
+    backend = RecordingBackend(can_release=False)
+    engine = HybridEngine(TinyActor(), backend)
+    engine.rollout_mode()
+    engine.train_mode()
+    assert engine.rollout_mode() is None and backend.calls == ["update_weights"]
+    engine.train_mode()
+    engine.mark_updated()
+    assert engine.rollout_mode() is not None and backend.calls == ["update_weights", "update_weights"]
+    assert "release_memory" not in backend.calls, "a backend that cannot release memory is never asked to"

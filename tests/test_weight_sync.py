@@ -1,0 +1,37 @@
+"""After a weight push, vLLM's logprobs on a fixed batch equal the Megatron actor's (the engine's reusable check);
+and the check does fail when the engine holds stale weights."""
+import pytest
+import torch
+
+from rlcore.engine.logprob_check import check_logprobs, compare_logprobs, fixed_probe
+from rlcore.errors import RlcoreError
+
+pytestmark = pytest.mark.slow
+
+
+def test_logprobs_match_after_sync(quickstart):
+    quickstart.engine.sync_weights()
+    probe = fixed_probe(len(quickstart.tokenizer), count=16, seed=7)
+    result = check_logprobs(quickstart.actor, quickstart.rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
+    assert result.tokens == 16 * 6 and result.max_abs_diff < 1e-3
+
+
+def test_check_fails_on_stale_weights_and_passes_after_a_push(quickstart):
+    actor, rollout = quickstart.actor, quickstart.rollout
+    probe = fixed_probe(len(quickstart.tokenizer), count=8, seed=3)
+    param = dict(actor.model.named_parameters())["decoder.layers.0.mlp.linear_fc2.weight"]
+    saved = param.detach().clone()
+    try:
+        with torch.no_grad():
+            param.add_(torch.randn_like(param) * 0.5)
+        stale = compare_logprobs(actor, rollout, *probe, pad_id=quickstart.eos_id)
+        assert stale.max_abs_diff > 1e-2
+        with pytest.raises(RlcoreError, match="disagree after a weight sync"):
+            check_logprobs(actor, rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
+        stats = quickstart.engine.sync_weights()
+        assert stats.bytes == sum(p.numel() * 4 for p in actor.model.parameters())
+        check_logprobs(actor, rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)
+        quickstart.engine.sync_weights()
