@@ -68,8 +68,10 @@ def main() -> int:
         return statistics.median(r[key] for r in rows)
 
     sync_bytes = int(rows[-1]["sync/bytes"])
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     print(f"quickstart scale: {cfg.trainer.prompts_per_step} prompts x {cfg.rollout.n} samples, "
-          f"{trainer.actor.num_parameters():,} parameters, {len(rows)} timed steps (after {args.warmup} warm-up)")
+          f"{trainer.actor.num_parameters():,} parameters, {len(rows)} timed steps (after {args.warmup} warm-up), "
+          f"torch threads {torch.get_num_threads()}, VLLM_CPU_OMP_THREADS_BIND={bind}")
     print(f"{'phase':<10} {'median s':>9}")
     for phase in ("rollout", "sync", "logprobs", "train", "reward", "step"):
         print(f"{phase:<10} {med('time/' + phase):>9.4f}")

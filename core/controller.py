@@ -51,6 +51,8 @@ class Trainer:
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
+        # one update per rollout batch: old-policy logprobs need no separate forward pass
+        self.on_policy = cfg.actor.mini_batches == 1 and cfg.actor.epochs == 1
         plugins.hook.rlcore_configure(config=cfg)
 
     # --- setup ---------------------------------------------------------------------------------------------------
@@ -148,7 +150,8 @@ class Trainer:
         self.engine.train_mode()
         mask = batch["response_mask"]
         with timer("logprobs"):
-            batch["old_logprobs"] = self.actor.logprobs(batch, temperature=cfg.rollout.temperature)
+            if not self.on_policy:
+                batch["old_logprobs"] = self.actor.logprobs(batch, temperature=cfg.rollout.temperature)
             if self.actor.reference is not None:
                 batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True,
                                                             temperature=cfg.rollout.temperature)
@@ -166,8 +169,6 @@ class Trainer:
             "response/length_mean": float(batch["response_len"].float().mean()),
             "response/truncated_frac": sum(g.finish_reason == "length" for grp in groups for g in grp) / len(batch),
             "advantage/mean": float(masked_mean(adv, mask)),
-            "rollout/logprob_diff_vs_actor": float(masked_mean((batch["rollout_logprobs"]
-                                                                 - batch["old_logprobs"]).abs(), mask)),
         })
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         return metrics
@@ -182,10 +183,16 @@ class Trainer:
                 tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
 
                 def loss_fn(logp, mb):
+                    mask = mb["response_mask"]
+                    # on-policy, the first update's own forward *is* the old policy: exact, one forward saved
+                    old = logp.detach() if self.on_policy else mb["old_logprobs"]
                     per_token, m = self.algorithm.policy_loss(
-                        logp, mb["old_logprobs"], mb["advantages"], mb["response_mask"],
-                        mb["ref_logprobs"] if "ref_logprobs" in mb else None, self.algo_cfg)
-                    return aggregate(per_token, mb["response_mask"], mode, tokens, seqs), m
+                        logp, old, mb["advantages"], mask, mb["ref_logprobs"] if "ref_logprobs" in mb else None,
+                        self.algo_cfg)
+                    # the engine sampled with the weights the old policy had: their logprobs must agree
+                    diff = (mb["rollout_logprobs"] - old).abs()
+                    m["rollout/logprob_diff_vs_actor"] = masked_mean(diff, mask).item()
+                    return aggregate(per_token, mask, mode, tokens, seqs), m
 
                 for k, v in self.actor.train_step(mini, loss_fn, self.cfg.rollout.temperature).items():
                     collected.setdefault(k, []).append(v)
@@ -201,7 +208,7 @@ class Trainer:
                    "parameters": self.actor.num_parameters()}
         summary["eval_accuracy_before"] = self.evaluate()
         history = []
-        bar = ProgressBar(cfg.trainer.steps, enabled=cfg.run.progress)
+        bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress)
         try:
             for step in range(1, cfg.trainer.steps + 1):
                 self.plugins.hook.rlcore_step_begin(step=step)

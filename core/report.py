@@ -9,13 +9,13 @@ PHASES = ("rollout", "sync", "logprobs", "train")
 
 
 class ProgressBar:
-    def __init__(self, total: int, enabled: bool = True):
+    def __init__(self, total: int, eval_accuracy: float, enabled: bool = True):
         self.bar = tqdm(total=total, desc="rl", unit="step", disable=not enabled, dynamic_ncols=True)
+        self.eval_accuracy = eval_accuracy   # the latest held-out accuracy, shown until the next evaluation
 
     def update(self, m: dict[str, float]) -> None:
-        shown = {"reward": f"{m.get('reward/mean', 0):.3f}"}
-        if "eval/accuracy" in m:
-            shown["eval_acc"] = f"{m['eval/accuracy']:.3f}"
+        self.eval_accuracy = m.get("eval/accuracy", self.eval_accuracy)
+        shown = {"reward": f"{m.get('reward/mean', 0):.3f}", "eval_acc": f"{self.eval_accuracy:.3f}"}
         shown.update({p: f"{m.get(f'time/{p}', 0):.2f}s" for p in PHASES})
         self.bar.set_postfix(shown, refresh=False)
         self.bar.update(1)
