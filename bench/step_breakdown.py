@@ -60,7 +60,8 @@ def main() -> int:
                 m["time/step"] = time.perf_counter() - start
                 if step > args.warmup:
                     rows.append(m)
-            copy_s, copy_bytes = plain_copy_seconds(trainer.actor)
+            parameters = trainer.workers.call("num_parameters")[0]
+            copy_s, copy_bytes = plain_copy_seconds(trainer.workers.workers[0].actor)
         finally:
             trainer.close()
 
@@ -70,7 +71,7 @@ def main() -> int:
     sync_bytes = int(rows[-1]["sync/bytes"])
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     print(f"quickstart scale: {cfg.trainer.prompts_per_step} prompts x {cfg.rollout.n} samples, "
-          f"{trainer.actor.num_parameters():,} parameters, {len(rows)} timed steps (after {args.warmup} warm-up), "
+          f"{parameters:,} parameters, {len(rows)} timed steps (after {args.warmup} warm-up), "
           f"torch threads {torch.get_num_threads()}, VLLM_CPU_OMP_THREADS_BIND={bind}")
     print(f"{'phase':<10} {'median s':>9}")
     for phase in ("rollout", "sync", "logprobs", "train", "reward", "step"):

@@ -11,11 +11,9 @@ import torch
 
 from rlcore.config import Config, bind_plugin_section, to_dict
 from rlcore.data import Batch, build_sequences
-from rlcore.engine.hybrid import HybridEngine
-from rlcore.engine.logprob_check import check_logprobs, fixed_probe
+from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
-from rlcore.losses import aggregate, masked_mean
-from rlcore.megatron.model import read_hf_config, read_hf_weights
+from rlcore.losses import masked_mean
 from rlcore.plugins import LoadedPlugins
 from rlcore.warm_start import prepare_model
 
@@ -50,6 +48,7 @@ class Trainer:
         self.reward = reg.get("rewards", self.reward_name)
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
+        self.workers = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         # one update per rollout batch: old-policy logprobs need no separate forward pass
         self.on_policy = cfg.actor.mini_batches == 1 and cfg.actor.epochs == 1
@@ -59,7 +58,8 @@ class Trainer:
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
-        from rlcore.megatron.actor import MegatronActor
+        from rlcore.megatron.model import read_hf_config
+        from rlcore.workers.group import WorkerGroup
 
         cfg = self.cfg
         self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
@@ -74,14 +74,8 @@ class Trainer:
         if arch not in self.spec.hf_architectures:
             raise RlcoreError(f"model.path {self.model_path} holds a {arch} checkpoint but model.family "
                               f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
-        self.actor = MegatronActor(self.spec, hf_config, cfg.actor, self.optimizer_spec,
-                                   hf_state=read_hf_weights(self.model_path), seed=cfg.run.seed)
-        if self.algorithm.needs_reference(self.algo_cfg):
-            self.actor.freeze_reference()
         self.max_len = hf_config["max_position_embeddings"]
-        self.rollout = self.backend_spec.factory(self.model_path, cfg.rollout, seed=cfg.run.seed,
-                                                 max_model_len=self.max_len)
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True)
+        self.workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
         self.loggers = [c() for c in self.logger_classes]
         for lg in self.loggers:
             lg.open(self.run_dir, cfg)
@@ -109,9 +103,9 @@ class Trainer:
     # --- evaluation ----------------------------------------------------------------------------------------------
     def evaluate(self) -> float:
         """Greedy held-out accuracy (mean reward)."""
-        self.engine.rollout_mode()
+        self.workers.rollout_mode()
         prompts = self.task.eval_prompts()
-        gens = self.rollout.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
+        gens = self.workers.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
                                      max_tokens=self.cfg.rollout.max_response_len)
         rewards = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])
         return sum(rewards) / len(rewards)
@@ -123,15 +117,13 @@ class Trainer:
         prompts = self.task.train_prompts(step, cfg.trainer.prompts_per_step)
         prompt_ids = [self.encode(p) for p, _ in prompts]
         with timer("sync"):
-            sync = self.engine.rollout_mode()
+            sync = self.workers.rollout_mode()
         if sync is not None:
             metrics.update({"sync/bytes": float(sync.bytes), "sync/tensors": float(sync.tensors)})
         if cfg.trainer.check_logprobs_every and step % cfg.trainer.check_logprobs_every == 0:
-            probe = fixed_probe(len(self.tokenizer), seed=step)
-            metrics["check/logprob_max_diff"] = check_logprobs(self.actor, self.rollout, *probe, pad_id=self.eos_id,
-                                                               tolerance=cfg.trainer.logprob_tolerance).max_abs_diff
+            metrics["check/logprob_max_diff"] = self.check_logprobs(seed=step)
         with timer("rollout"):
-            groups = self.rollout.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+            groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
                                            max_tokens=cfg.rollout.max_response_len)
         flat_prompts, responses, engine_lp, meta, group_ids = [], [], [], [], []
         for i, (ids, group) in enumerate(zip(prompt_ids, groups)):
@@ -147,19 +139,17 @@ class Trainer:
         batch["rewards"], batch["group_ids"] = rewards, torch.tensor(group_ids)
         self.plugins.hook.rlcore_rollout_end(step=step, batch=batch)
 
-        self.engine.train_mode()
+        self.workers.train_mode()
         mask = batch["response_mask"]
         with timer("logprobs"):
             if not self.on_policy:
-                batch["old_logprobs"] = self.actor.logprobs(batch, temperature=cfg.rollout.temperature)
-            if self.actor.reference is not None:
-                batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True,
-                                                            temperature=cfg.rollout.temperature)
+                batch["old_logprobs"] = self.workers.logprobs(batch)
+            if self.algorithm.needs_reference(self.algo_cfg):
+                batch["ref_logprobs"] = self.workers.logprobs(batch, reference=True)
         adv, adv_metrics = self.algorithm.advantages(rewards, batch["group_ids"], mask, self.algo_cfg)
         batch["advantages"] = adv
         with timer("train"):
             train_metrics = self.update(batch)
-        self.engine.mark_updated()
 
         metrics.update(adv_metrics)
         metrics.update(train_metrics)
@@ -175,28 +165,22 @@ class Trainer:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """``actor.epochs`` passes of ``actor.mini_batches`` optimizer updates over the rollout batch."""
-        mode = self.algorithm.loss_agg_mode(self.algo_cfg)
         size = -(-len(batch) // self.cfg.actor.mini_batches)
         collected: dict[str, list[float]] = {}
         for _ in range(self.cfg.actor.epochs):
             for mini in batch.split(size):
-                tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
-
-                def loss_fn(logp, mb):
-                    mask = mb["response_mask"]
-                    # on-policy, the first update's own forward *is* the old policy: exact, one forward saved
-                    old = logp.detach() if self.on_policy else mb["old_logprobs"]
-                    per_token, m = self.algorithm.policy_loss(
-                        logp, old, mb["advantages"], mask, mb["ref_logprobs"] if "ref_logprobs" in mb else None,
-                        self.algo_cfg)
-                    # the engine sampled with the weights the old policy had: their logprobs must agree
-                    diff = (mb["rollout_logprobs"] - old).abs()
-                    m["rollout/logprob_diff_vs_actor"] = masked_mean(diff, mask).item()
-                    return aggregate(per_token, mask, mode, tokens, seqs), m
-
-                for k, v in self.actor.train_step(mini, loss_fn, self.cfg.rollout.temperature).items():
+                for k, v in self.workers.train_step(mini, self.on_policy).items():
                     collected.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
+
+    def check_logprobs(self, seed: int = 0) -> float:
+        """The engine-vs-actor check on a fixed batch, on every rank; raises past trainer.logprob_tolerance."""
+        self.workers.rollout_mode()
+        probe = fixed_probe(len(self.tokenizer), seed=seed)
+        results = self.workers.call("compare_logprobs", *probe, self.eos_id)
+        worst = max(results, key=lambda r: r.max_abs_diff)
+        raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
+        return worst.max_abs_diff
 
     # --- the run -------------------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -205,7 +189,7 @@ class Trainer:
         cfg = self.cfg
         self.setup()
         summary = {"run_dir": self.run_dir, "model_path": self.model_path,
-                   "parameters": self.actor.num_parameters()}
+                   "parameters": self.workers.call("num_parameters")[0]}
         summary["eval_accuracy_before"] = self.evaluate()
         history = []
         bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress)
@@ -239,12 +223,12 @@ class Trainer:
 
     def export_hf(self, directory: str) -> str:
         """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
-        self.actor.save_hf(directory)
+        self.workers.call("export_hf", directory)
         self.tokenizer.save_pretrained(directory)
         self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
         return directory
 
     def close(self) -> None:
-        if getattr(self, "rollout", None) is not None:
-            self.rollout.stop()
-            self.rollout = None
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None

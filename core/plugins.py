@@ -34,6 +34,7 @@ class LoadedPlugins:
     manager: pluggy.PluginManager
     registry: Registry
     plugins: list[PluginInfo]
+    selection: list[str] | None = None   # what --plugins asked for (workers load the same set)
 
     @property
     def hook(self):
@@ -102,4 +103,4 @@ def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
             for item in impl.function() or []:
                 registry.add(kind, item, impl.plugin_name)
     log.info("plugins: %s", ", ".join(i.label for i in infos))
-    return LoadedPlugins(pm, registry, infos)
+    return LoadedPlugins(pm, registry, infos, selected)

@@ -87,7 +87,9 @@ class RolloutBackend(abc.ABC):
 
 @dataclass(frozen=True)
 class RolloutBackendSpec:
-    """factory(model_path, rollout_config, seed) -> RolloutBackend"""
+    """factory(model_path, rollout_config, seed=, max_model_len=, distributed=) -> RolloutBackend.
+    ``distributed``: the engine spans the trainer's torch.distributed world (tensor-parallel groups of rollout.tp
+    consecutive ranks, one replica per group), every rank calling each method with its replica's inputs."""
     name: str
     factory: Callable[..., RolloutBackend]
 

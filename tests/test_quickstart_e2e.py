@@ -44,7 +44,7 @@ def test_exported_checkpoint_loads_in_transformers_and_matches_the_actor(quickst
     hf = AutoModelForCausalLM.from_pretrained(quickstart.summary["export"], dtype=torch.float32).eval()
     prompts, responses = [quickstart.encode("12+35=")] * 2, [quickstart.encode("47"), quickstart.encode("48")]
     batch = Batch(build_sequences(prompts, responses, quickstart.eos_id))
-    ours = quickstart.actor.logprobs(batch)
+    ours = quickstart.workers.workers[0].actor.logprobs(batch)
     with torch.no_grad():
         logits = hf(batch["input_ids"]).logits
     theirs = torch.log_softmax(logits, -1).gather(-1, torch.roll(batch["input_ids"], -1, 1).unsqueeze(-1))[..., 0]

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_reference_is_a_frozen_copy(quickstart):
-    actor = quickstart.actor
+    actor = quickstart.workers.workers[0].actor
     batch = Batch(build_sequences([quickstart.encode("3+4=")] * 4, [quickstart.encode("7")] * 4, quickstart.eos_id))
     saved = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
     actor.freeze_reference()
@@ -25,4 +25,4 @@ def test_reference_is_a_frozen_copy(quickstart):
             for n, p in actor.model.named_parameters():
                 p.copy_(saved[n])
         actor.reference = None
-        quickstart.engine.sync_weights()
+        quickstart.workers.workers[0].engine.sync_weights()

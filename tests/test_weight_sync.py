@@ -10,14 +10,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_logprobs_match_after_sync(quickstart):
-    quickstart.engine.sync_weights()
+    quickstart.workers.workers[0].engine.sync_weights()
     probe = fixed_probe(len(quickstart.tokenizer), count=16, seed=7)
-    result = check_logprobs(quickstart.actor, quickstart.rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
+    result = check_logprobs(quickstart.workers.workers[0].actor, quickstart.workers.workers[0].rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
     assert result.tokens == 16 * 6 and result.max_abs_diff < 1e-3
 
 
 def test_check_fails_on_stale_weights_and_passes_after_a_push(quickstart):
-    actor, rollout = quickstart.actor, quickstart.rollout
+    actor, rollout = quickstart.workers.workers[0].actor, quickstart.workers.workers[0].rollout
     probe = fixed_probe(len(quickstart.tokenizer), count=8, seed=3)
     param = dict(actor.model.named_parameters())["decoder.layers.0.mlp.linear_fc2.weight"]
     saved = param.detach().clone()
@@ -28,10 +28,10 @@ def test_check_fails_on_stale_weights_and_passes_after_a_push(quickstart):
         assert stale.max_abs_diff > 1e-2
         with pytest.raises(RlcoreError, match="disagree after a weight sync"):
             check_logprobs(actor, rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
-        stats = quickstart.engine.sync_weights()
+        stats = quickstart.workers.workers[0].engine.sync_weights()
         assert stats.bytes == sum(p.numel() * 4 for p in actor.model.parameters())
         check_logprobs(actor, rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
     finally:
         with torch.no_grad():
             param.copy_(saved)
-        quickstart.engine.sync_weights()
+        quickstart.workers.workers[0].engine.sync_weights()

@@ -80,8 +80,11 @@ _RULES = [  # (key, predicate, what is allowed)
     ("actor.epochs", lambda v: v >= 1, "an integer >= 1"),
     ("actor.dtype", lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
     ("actor.optim.lr", lambda v: v > 0, "a number > 0"),
-    ("actor.parallel.tp", lambda v: v == 1, "1 (multi-process parallel layouts are not implemented yet)"),
-    ("actor.parallel.pp", lambda v: v == 1, "1 (multi-process parallel layouts are not implemented yet)"),
+    ("actor.parallel.tp", lambda v: v >= 1, "an integer >= 1"),
+    ("actor.parallel.pp", lambda v: v >= 1, "an integer >= 1"),
+    ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
+    ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
+    ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.temperature", lambda v: v > 0, "a number > 0"),
     ("rollout.max_response_len", lambda v: v >= 1, "an integer >= 1"),
@@ -105,6 +108,12 @@ def check_values(cfg: Config) -> None:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"config key {key!r} = {value!r} is not allowed: use {allowed}")
+    world, tp, pp = cfg.trainer.world_size, cfg.actor.parallel.tp, cfg.actor.parallel.pp
+    if world % (tp * pp):
+        raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp = {tp} x {pp}; "
+                          f"the data-parallel size is world_size / (tp x pp)")
+    if world % cfg.rollout.tp:
+        raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
     if cfg.model.path:
         path = os.path.expanduser(cfg.model.path)
         if not os.path.isfile(os.path.join(path, "config.json")):

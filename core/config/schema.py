@@ -78,6 +78,8 @@ class RolloutConfig:
     temperature: float = 1.0
     max_response_len: int = 8     # tokens
     kv_cache_gib: float = 0.25    # KV cache reserved by the engine (CPU engines cannot release it)
+    tp: int = 1                   # rollout tensor parallel size (independent of training's); divides world_size
+    sync_bucket_mb: float = 256   # weight sync moves full tensors in buckets of at most this many MB
 
 
 @dataclass
@@ -90,6 +92,8 @@ class TaskConfig:
 @dataclass
 class TrainerConfig:
     steps: int = 100              # RL steps
+    world_size: int = 1           # worker processes (1 = in this process; more = Ray actors)
+    ray_address: str = ""         # join this Ray cluster; empty = start an embedded one
     prompts_per_step: int = 16
     eval_every: int = 0           # held-out greedy evaluation every N steps (0 = only before and after)
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps

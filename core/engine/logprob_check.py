@@ -32,7 +32,10 @@ def compare_logprobs(actor, rollout, prompts: Sequence[list[int]], responses: Se
 
 def check_logprobs(actor, rollout, prompts, responses, pad_id: int, tolerance: float) -> LogprobComparison:
     """``compare_logprobs`` that raises when the largest difference exceeds ``tolerance``."""
-    result = compare_logprobs(actor, rollout, prompts, responses, pad_id)
+    return raise_if_disagree(compare_logprobs(actor, rollout, prompts, responses, pad_id), tolerance)
+
+
+def raise_if_disagree(result: LogprobComparison, tolerance: float) -> LogprobComparison:
     if not result.max_abs_diff <= tolerance:
         raise RlcoreError(f"rollout engine and actor disagree after a weight sync: max |logprob diff| "
                           f"{result.max_abs_diff:.3g} > tolerance {tolerance:g} over {result.tokens} tokens "

@@ -1,8 +1,8 @@
 """The Megatron actor: a GPTModel with Megatron DDP and optimizer, plus a frozen reference copy when asked.
 
-Every pass runs through Megatron's ``forward_backward_func`` over micro-batches, so the same code serves every
-pipeline schedule. Log-probabilities come from the model's vocab-parallel cross-entropy (logp = -CE), which is
-exact under tensor parallelism without gathering the vocabulary.
+Every pass runs through Megatron's ``forward_backward_func`` over equal-sized micro-batches, so the same code serves
+every pipeline schedule. Log-probabilities come from the model's vocab-parallel cross-entropy (logp = -CE), which is
+exact under tensor parallelism without gathering the vocabulary. Each rank is given its data-parallel share.
 """
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
-from rlcore.megatron.model import build_gpt, iter_hf_weights, load_hf_into, save_hf
+from rlcore.engine.reshard import Resharder
+from rlcore.megatron.model import build_gpt, load_hf_into, save_hf
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
 
@@ -25,20 +27,33 @@ LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict]]
 def logits_divided_by(model, temperature: float):
     """The sampling policy at temperature T is softmax(logits / T): scale the output layer's logits while inside.
     Logprobs computed this way match the engine's processed (post-temperature) logprobs."""
-    if temperature == 1.0:
+    layers = [m for name, m in model.named_modules() if name.endswith("output_layer")]
+    if temperature == 1.0 or not layers:   # not the last pipeline stage: no logits here
         yield
         return
-    layer = next(m for name, m in model.named_modules() if name.endswith("output_layer"))
-    handle = layer.register_forward_hook(lambda mod, inp, out: (out[0] / temperature, *out[1:]))
+    handle = layers[0].register_forward_hook(lambda mod, inp, out: (out[0] / temperature, *out[1:]))
     try:
         yield
     finally:
         handle.remove()
 
 
+def _pad_rows(batch: Batch, multiple: int) -> Batch:
+    """Pipeline schedules need equal micro-batches: repeat the last row with an all-zero mask (it adds nothing)."""
+    extra = -len(batch) % multiple
+    if extra == 0:
+        return batch
+    idx = list(range(len(batch))) + [len(batch) - 1] * extra
+    padded = batch.select(idx)
+    for key in ("response_mask",):
+        padded.tensors[key][len(batch):] = 0
+    return padded
+
+
 class MegatronActor:
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
-                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
+                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20):
+        from megatron.core import parallel_state as mpu
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed)
@@ -50,16 +65,29 @@ class MegatronActor:
             use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
         self.optimizer = optimizer.build([self.ddp], cfg.optim)
         self.reference = None
+        self.resharder = Resharder(self.model, self.converter, bucket_bytes)
+        self.dp_size = mpu.get_data_parallel_world_size()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.pp_group = mpu.get_pipeline_model_parallel_group()
+        self.pp_size = mpu.get_pipeline_model_parallel_world_size()
+        self.is_last_stage = mpu.is_pipeline_last_stage()
 
     # --- weights -----------------------------------------------------------------------------------------------
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter_hf_weights(self.model, self.converter)
+        """Full HF-named tensors, bucket by bucket. Collective: every rank must consume the whole stream."""
+        return self.resharder.stream()
 
     def save_hf(self, directory: str) -> None:
-        save_hf(self.model, self.converter, self.hf_config, directory)
+        """Collective; global rank 0 writes."""
+        if dist.get_rank() == 0:
+            save_hf(self.hf_weights(), self.hf_config, directory)
+        else:
+            for _ in self.hf_weights():
+                pass
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return sum(e.full_bytes // torch.empty((), dtype=e.dtype).element_size() for b in self.resharder.buckets
+                   for e in b.entries)
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
@@ -72,8 +100,11 @@ class MegatronActor:
              temperature: float = 1.0) -> tuple[list[dict], list]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        micro = batch.split(self.cfg.micro_batch_size)
+        mbs = min(self.cfg.micro_batch_size, len(batch))
+        micro = _pad_rows(batch, mbs).split(mbs)
         outputs: list[torch.Tensor] = []
+        # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch
+        scale = len(micro) * self.dp_size
 
         def forward_step(data_iterator, chunk):
             mb = next(data_iterator)
@@ -87,7 +118,7 @@ class MegatronActor:
                     outputs.append(logp.detach())
                     return logp.sum() * 0.0, {}
                 loss, metrics = loss_fn(logp, mb)
-                return loss * len(micro), metrics  # the schedule divides by the number of micro-batches
+                return loss * scale, metrics  # the schedule divides by the number of micro-batches
 
             return ce, loss_func
 
@@ -95,12 +126,13 @@ class MegatronActor:
             results = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
                 num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1],
-                micro_batch_size=self.cfg.micro_batch_size, forward_only=forward_only)
+                micro_batch_size=mbs, forward_only=forward_only)
         return results, outputs
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:
-        """Per-label-position logprobs [N, S] of the actor (or the frozen reference) at ``temperature``."""
+        """Per-label-position logprobs [N, S] of the actor (or the frozen reference) at ``temperature``.
+        Computed on the last pipeline stage and broadcast to the others, so every rank returns them."""
         model = self.reference if reference else self.ddp
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
@@ -108,10 +140,14 @@ class MegatronActor:
         model.eval()
         _, outputs = self._run(model, batch, None, forward_only=True, temperature=temperature)
         model.train(was_training)
-        return torch.cat(outputs)
+        result = torch.cat(outputs)[: len(batch)] if outputs else torch.empty(batch["input_ids"].shape)
+        if self.pp_size > 1:
+            dist.broadcast(result, src=dist.get_global_rank(self.pp_group, self.pp_size - 1), group=self.pp_group)
+        return result
 
     def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0) -> dict[str, float]:
-        """One optimizer update on ``batch`` (a mini-batch). Returns the mean of the micro-batch metrics."""
+        """One optimizer update on ``batch`` (this rank's share of a mini-batch). Returns the mean of the
+        micro-batch metrics (on the last pipeline stage; other stages return only the update's metrics)."""
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()

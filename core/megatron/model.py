@@ -6,7 +6,6 @@ import os
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from rlcore.convert import Layout, WeightConverter
@@ -68,27 +67,10 @@ def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: d
             params[name].copy_(value)
 
 
-def _tp_shards(param: torch.Tensor) -> list[torch.Tensor]:
-    from megatron.core import parallel_state as mpu
-
-    size = mpu.get_tensor_model_parallel_world_size()
-    if size == 1 or not getattr(param, "tensor_model_parallel", False):
-        return [param.detach()]
-    shards = [torch.empty_like(param) for _ in range(size)]
-    dist.all_gather(shards, param.detach().contiguous(), group=mpu.get_tensor_model_parallel_group())
-    return shards
-
-
-def iter_hf_weights(model: torch.nn.Module, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
-    """Full HF-named tensors, one Megatron parameter at a time (never the whole model at once)."""
-    for name, param in model.named_parameters():
-        yield from converter.to_hf(name, _tp_shards(param))
-
-
-def save_hf(model: torch.nn.Module, converter: WeightConverter, hf_config: dict, directory: str) -> None:
+def save_hf(hf_weights: Iterator[tuple[str, torch.Tensor]], hf_config: dict, directory: str) -> None:
     """Write config.json + model.safetensors (tensors only; no pickled code)."""
     os.makedirs(directory, exist_ok=True)
-    state = {n: t.contiguous().clone() for n, t in iter_hf_weights(model, converter)}
+    state = {n: t.contiguous().clone() for n, t in hf_weights}
     save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)

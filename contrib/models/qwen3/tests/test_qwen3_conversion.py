@@ -3,7 +3,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcore.megatron.model import build_gpt, iter_hf_weights, load_hf_into, read_hf_config, read_hf_weights
+from rlcore.engine.reshard import Resharder
+from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
 from rlcore.megatron.parallel import init_parallel
 from rlcore_model_qwen3.plugin import QWEN3
 
@@ -39,7 +40,7 @@ def megatron_model(hf_checkpoint):
 def test_round_trip_is_exact(hf_checkpoint, megatron_model):
     path, _ = hf_checkpoint
     on_disk = load_file(f"{path}/model.safetensors")
-    exported = dict(iter_hf_weights(*megatron_model))
+    exported = dict(Resharder(*megatron_model).stream())
     assert sorted(exported) == sorted(on_disk)
     for name, tensor in on_disk.items():
         assert torch.equal(exported[name], tensor), name

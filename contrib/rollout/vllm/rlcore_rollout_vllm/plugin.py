@@ -3,10 +3,10 @@ from rlcore.hookspecs import hookimpl
 from rlcore.specs import RolloutBackendSpec
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None):
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
     from rlcore_rollout_vllm.backend import VLLMRollout
 
-    return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len)
+    return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed)
 
 
 @hookimpl

@@ -1,0 +1,121 @@
+"""The controller's handle on the workers: one in-process worker, or one Ray actor per process.
+
+The group sends each worker its share (data-parallel share of a batch, rollout-replica share of the prompts) and
+collects the results from the ranks that speak for each share. The controller itself holds no weights.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+
+import torch
+
+from rlcore.config import Config
+from rlcore.data import Batch
+from rlcore.workers.worker import ActorRolloutWorker
+
+log = logging.getLogger(__name__)
+
+
+def _shares(n: int, parts: int) -> list[range]:
+    """Contiguous, near-equal index ranges."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WorkerGroup:
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
+        self.world = cfg.trainer.world_size
+        if self.world == 1:
+            self.workers = [ActorRolloutWorker(cfg, plugin_names, model_path)]
+            self.remote = False
+        else:
+            self.workers = self._start_ray(cfg, plugin_names, model_path)
+            self.remote = True
+        self.coords = self.call("get_coords")
+        self.dp_size = self.coords[0].dp_size
+        self.replicas = self.coords[0].rollout_replicas
+
+    def _start_ray(self, cfg: Config, plugin_names, model_path):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not ray.is_initialized():
+            if cfg.trainer.ray_address:
+                ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+            else:  # embedded: logical CPUs = workers, whatever the core count
+                ray.init(num_cpus=self.world, include_dashboard=False, log_to_driver=True)
+        self.placement = placement_group([{"CPU": 1}] * self.world, strategy="PACK")
+        ray.get(self.placement.ready())
+        master = (ray.util.get_node_ip_address(), _free_port())
+        remote_cls = ray.remote(num_cpus=1)(ActorRolloutWorker)
+        env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+        return [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
+                                   runtime_env=env).remote(cfg, plugin_names, model_path, i, self.world, master)
+                for i in range(self.world)]
+
+    # --- plumbing ------------------------------------------------------------------------------------------------
+    def call(self, method: str, *args, per_rank: list[tuple] | None = None) -> list:
+        """Call ``method`` on every worker (with ``per_rank[i]`` as the arguments of rank i, if given)."""
+        arguments = per_rank or [args] * self.world
+        if not self.remote:
+            return [getattr(self.workers[0], method)(*arguments[0])]
+        import ray
+
+        return ray.get([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)])
+
+    def _by_dp(self, batch: Batch) -> tuple[list[Batch], list[tuple]]:
+        shares = [batch.select(r) for r in _shares(len(batch), self.dp_size)]
+        return shares, [(shares[c.dp_rank],) for c in self.coords]
+
+    def _reported(self, results: list) -> list:
+        """One result per data-parallel rank, in dp order."""
+        by_dp = {c.dp_rank: r for c, r in zip(self.coords, results) if c.reports}
+        return [by_dp[i] for i in range(self.dp_size)]
+
+    # --- what the controller uses ----------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int) -> list:
+        parts = _shares(len(prompts), self.replicas)
+        results = self.call("generate", per_rank=[([prompts[i] for i in parts[c.rollout_replica]], n, temperature,
+                                                   max_tokens) for c in self.coords])
+        by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
+        return [g for i in range(self.replicas) for g in by_replica[i]]
+
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        _, args = self._by_dp(batch)
+        return torch.cat(self._reported(self.call("logprobs", per_rank=[a + (reference,) for a in args])))
+
+    def train_step(self, mini: Batch, on_policy: bool) -> dict[str, float]:
+        tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
+        _, args = self._by_dp(mini)
+        reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, on_policy) for a in args]))
+        return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
+
+    def rollout_mode(self):
+        return self.call("rollout_mode")[0]
+
+    def train_mode(self) -> None:
+        self.call("train_mode")
+
+    def stop(self) -> None:
+        try:
+            self.call("stop")
+        finally:
+            if self.remote:
+                import ray
+
+                for w in self.workers:
+                    ray.kill(w)
+                ray.util.remove_placement_group(self.placement)

@@ -1,0 +1,112 @@
+"""The actor+rollout worker. Every method is SPMD: the controller calls it on every worker of the group, each with
+its own share of the data, and collectives inside line up across ranks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from rlcore.config import Config, bind_plugin_section
+from rlcore.data import Batch
+from rlcore.engine.hybrid import HybridEngine
+from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
+from rlcore.losses import aggregate, masked_mean
+
+
+@dataclass(frozen=True)
+class Coords:
+    rank: int
+    dp_rank: int
+    dp_size: int
+    rollout_replica: int      # which rollout engine replica (ranks of one replica share an engine TP group)
+    rollout_replicas: int
+    reports: bool             # this rank's results speak for its data-parallel group (tp 0, last stage)
+    leads_replica: bool       # this rank's generations speak for its rollout replica
+
+
+class ActorRolloutWorker:
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
+                 world_size: int = 1, master: tuple[str, int] | None = None):
+        if world_size > 1:
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+        from megatron.core import parallel_state as mpu
+
+        from rlcore.megatron.actor import MegatronActor
+        from rlcore.megatron.model import read_hf_config, read_hf_weights
+        from rlcore.plugins import load_plugins
+
+        reg = load_plugins(plugin_names).registry
+        self.cfg = cfg
+        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        hf_config = read_hf_config(model_path)
+        self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
+                                   reg.get("optimizers", cfg.actor.optim.name), hf_state=read_hf_weights(model_path),
+                                   seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)))
+        if self.algorithm.needs_reference(self.algo_cfg):
+            self.actor.freeze_reference()
+        self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
+            model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
+            distributed=world_size > 1)
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True)
+        tp0, last = mpu.get_tensor_model_parallel_rank() == 0, mpu.is_pipeline_last_stage()
+        self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
+                             rollout_replica=rank // cfg.rollout.tp, rollout_replicas=world_size // cfg.rollout.tp,
+                             reports=tp0 and last, leads_replica=rank % cfg.rollout.tp == 0)
+
+    # --- rollout -------------------------------------------------------------------------------------------------
+    def get_coords(self) -> Coords:
+        return self.coords
+
+    def rollout_mode(self):
+        return self.engine.rollout_mode()
+
+    def train_mode(self) -> None:
+        self.engine.train_mode()
+
+    def sync_weights(self):
+        return self.engine.sync_weights()
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int):
+        return self.rollout.generate(prompts, n=n, temperature=temperature, max_tokens=max_tokens)
+
+    def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
+        return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
+
+    # --- training ------------------------------------------------------------------------------------------------
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        return self.actor.logprobs(batch, reference=reference, temperature=self.cfg.rollout.temperature)
+
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
+        """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
+        mode = self.algorithm.loss_agg_mode(self.algo_cfg)
+
+        def loss_fn(logp, mb):
+            mask = mb["response_mask"]
+            # on-policy, the first update's own forward *is* the old policy: exact, one forward saved
+            old = logp.detach() if on_policy else mb["old_logprobs"]
+            per_token, m = self.algorithm.policy_loss(logp, old, mb["advantages"], mask,
+                                                      mb["ref_logprobs"] if "ref_logprobs" in mb else None,
+                                                      self.algo_cfg)
+            # the engine sampled with the old policy's weights: their logprobs must agree
+            m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - old).abs(), mask).item()
+            return aggregate(per_token, mask, mode, total_tokens, total_sequences), m
+
+        metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature)
+        self.engine.mark_updated()
+        return metrics
+
+    def export_hf(self, directory: str) -> None:
+        self.actor.save_hf(directory)
+
+    def num_parameters(self) -> int:
+        return self.actor.num_parameters()
+
+    def stop(self) -> None:
+        if self.rollout is not None:
+            self.rollout.stop()
+            self.rollout = None
