@@ -11,7 +11,13 @@ SHORT_QUICKSTART = ["trainer.steps=30", "trainer.eval_every=0", "run.progress=fa
 
 
 @pytest.fixture(scope="session")
-def quickstart(tmp_path_factory):
+def warm_start_cache(tmp_path_factory):
+    """One warm-start cache per test session: the quickstart's supervised warm start runs once."""
+    return tmp_path_factory.mktemp("warm_start_cache")
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory, warm_start_cache):
     """A Trainer that has run the short quickstart; its actor and vLLM engine stay up for further checks."""
     import torch
 
@@ -22,7 +28,7 @@ def quickstart(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("quickstart")
     cfg = load_config("quickstart", SHORT_QUICKSTART + [f"run.dir={root / 'run'}",
-                                                        f"warm_start.cache_dir={root / 'cache'}"])
+                                                        f"warm_start.cache_dir={warm_start_cache}"])
     trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
     trainer.summary = trainer.run()
     yield trainer

@@ -54,7 +54,8 @@ class MegatronActor:
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20):
         from megatron.core import parallel_state as mpu
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
 
         init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
@@ -63,6 +64,10 @@ class MegatronActor:
             load_hf_into(self.model, self.converter, hf_state)
         self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
             use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
+        # after backward: reduce grads over data-parallel ranks and all-reduce the grads of parameters that TP
+        # ranks replicate but see different parts of the input for (qk-layernorm, sequence-parallel norms)
+        self.model.config.finalize_model_grads_func = finalize_model_grads
+        self.model.config.no_sync_func = self.ddp.no_sync
         self.optimizer = optimizer.build([self.ddp], cfg.optim)
         self.reference = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes)

@@ -56,7 +56,9 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
 def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: dict[str, torch.Tensor]) -> None:
     from megatron.core import parallel_state as mpu
 
-    params = dict(model.named_parameters())
+    from rlcore.engine.reshard import global_name
+
+    params = {global_name(model, n): p for n, p in model.named_parameters()}
     tensors = converter.megatron_from_hf(hf_state, params.items(), mpu.get_tensor_model_parallel_rank(),
                                          mpu.get_tensor_model_parallel_world_size())
     with torch.no_grad():

@@ -6,6 +6,7 @@ collects the results from the ranks that speak for each share. The controller it
 from __future__ import annotations
 
 import logging
+import os
 import socket
 
 import torch
@@ -55,8 +56,9 @@ class WorkerGroup:
         if not ray.is_initialized():
             if cfg.trainer.ray_address:
                 ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
-            else:  # embedded: logical CPUs = workers, whatever the core count
-                ray.init(num_cpus=self.world, include_dashboard=False, log_to_driver=True)
+            else:  # embedded; Ray's CPUs are scheduling slots: one per worker, whatever the core count
+                ray.init(num_cpus=max(self.world, os.cpu_count() or 1, 8), include_dashboard=False,
+                         log_to_driver=True)
         self.placement = placement_group([{"CPU": 1}] * self.world, strategy="PACK")
         ray.get(self.placement.ready())
         master = (ray.util.get_node_ip_address(), _free_port())
@@ -114,8 +116,17 @@ class WorkerGroup:
             self.call("stop")
         finally:
             if self.remote:
-                import ray
+                self._exit_workers()
 
-                for w in self.workers:
-                    ray.kill(w)
-                ray.util.remove_placement_group(self.placement)
+    def _exit_workers(self, timeout_s: float = 60) -> None:
+        """Let each worker process exit normally (its exit handlers free the engine's shared-memory segments,
+        which a kill would leak into /dev/shm and break the next start); kill only those that hang."""
+        import ray
+
+        exits = [w.__ray_terminate__.remote() for w in self.workers]
+        _, hung = ray.wait(exits, num_returns=len(exits), timeout=timeout_s)
+        for w, ref in zip(self.workers, exits):
+            if ref in hung:
+                log.warning("worker did not exit within %.0f s; killing it", timeout_s)
+                ray.kill(w)
+        ray.util.remove_placement_group(self.placement)
