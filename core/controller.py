@@ -189,7 +189,8 @@ class Trainer:
         cfg = self.cfg
         self.setup()
         summary = {"run_dir": self.run_dir, "model_path": self.model_path,
-                   "parameters": self.workers.call("num_parameters")[0]}
+                   "parameters": self.workers.call("num_parameters")[0],
+                   "worker_nodes": [c.node for c in self.workers.coords]}
         summary["eval_accuracy_before"] = self.evaluate()
         history = []
         bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress)

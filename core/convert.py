@@ -97,6 +97,8 @@ class FusedGateUp:
 
     def to_hf(self, shards, layout: Layout):
         halves = [s.chunk(2, 0) for s in shards]
+        if len(halves) == 1:   # unsharded: both halves are contiguous views, no copy needed
+            return [(self.gate, halves[0][0]), (self.up, halves[0][1])]
         return [(self.gate, torch.cat([h[0] for h in halves])), (self.up, torch.cat([h[1] for h in halves]))]
 
     def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
@@ -105,16 +107,19 @@ class FusedGateUp:
 
 
 class WeightConverter:
-    """Rules bound to one model: concrete Megatron name -> rule, built once."""
+    """Rules bound to one model: concrete Megatron name -> rule, built once. Rule names may hold ``{layer}``
+    (decoder layer, counted over the whole model) and ``{expert}`` (MoE expert, counted over all experts)."""
 
-    def __init__(self, rules: list, num_layers: int, layout: Layout):
+    def __init__(self, rules: list, num_layers: int, layout: Layout, num_experts: int = 0):
         self.layout = layout
         self.by_megatron: dict[str, object] = {}
         for rule in rules:
             layers = range(num_layers) if "{layer}" in rule.megatron else [None]
+            experts = range(num_experts) if "{expert}" in rule.megatron else [None]
             for i in layers:
-                bound = _bind(rule, i)
-                self.by_megatron[bound.megatron] = bound
+                for e in experts:
+                    bound = _bind(rule, i, e)
+                    self.by_megatron[bound.megatron] = bound
 
     def rule(self, megatron_name: str):
         try:
@@ -140,7 +145,6 @@ class WeightConverter:
             yield name, rule.from_hf(hf, self.layout, tp_rank, tp_size, param.shape)
 
 
-def _bind(rule, layer: int | None):
-    fields = {k: (v.format(layer=layer) if isinstance(v, str) and layer is not None else v)
-              for k, v in rule.__dict__.items()}
+def _bind(rule, layer: int | None, expert: int | None = None):
+    fields = {k: (v.format(layer=layer, expert=expert) if isinstance(v, str) else v) for k, v in rule.__dict__.items()}
     return type(rule)(**fields)

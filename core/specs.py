@@ -75,10 +75,10 @@ class RolloutBackend(abc.ABC):
         """Load a stream of full HF-named tensors into the running engine, replacing its weights."""
 
     def release_memory(self) -> None:
-        """Free weights / KV cache while training runs (only when ``can_release_memory``)."""
+        """Free weights and KV cache while training runs (only when ``can_release_memory``)."""
 
-    def resume_memory(self) -> None:
-        """Re-allocate what ``release_memory`` freed."""
+    def resume_memory(self, what: str) -> None:
+        """Re-allocate ``"weights"`` (before a weight push) or ``"kv_cache"`` (before generating)."""
 
     @abc.abstractmethod
     def stop(self) -> None:

@@ -15,7 +15,7 @@ def rlcore(*args, timeout=120):
     (["run", "trainer.stpes=5"], "unknown config key 'trainer.stpes' (did you mean 'steps'?)"),
     (["run", "trainer.steps=five"], "config key 'trainer.steps' has an invalid value 'five'"),
     (["run", "model.path=/nonexistent/ckpt"], "model.path '/nonexistent/ckpt' does not exist"),
-    (["run", "model.family=llama"], "no model named 'llama' is registered (registered: qwen3)"),
+    (["run", "model.family=llama"], "no model named 'llama' is registered (registered: qwen3, qwen3_moe)"),
     (["run", "algorithm.name=ppo"], "no algorithm named 'ppo' is registered"),
     (["run", "algorithm.clip_ratio=0.3"], "unknown config key 'algorithm.clip_ratio'"),
     (["run", "missing.yaml"], "config file 'missing.yaml' does not exist"),

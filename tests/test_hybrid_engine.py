@@ -17,11 +17,17 @@ class RecordingBackend(RolloutBackend):
         self.calls.append("update_weights")
         self.received = list(named)
     def release_memory(self): self.calls.append("release_memory")
-    def resume_memory(self): self.calls.append("resume_memory")
+    def resume_memory(self, what): self.calls.append(f"resume_{what}")
     def stop(self): ...
 
 
 class TinyActor:
+    def __init__(self, calls=None):
+        self.calls = calls if calls is not None else []
+
+    def offload(self, what): self.calls.append(f"offload_{what}")
+    def onload(self, what): self.calls.append(f"onload_{what}")
+
     def hf_weights(self):
         yield "a", torch.zeros(2, 3)
         yield "b", torch.zeros(4, dtype=torch.bfloat16)
@@ -31,7 +37,7 @@ def test_order_with_a_backend_that_can_release_memory():
     backend = RecordingBackend(can_release=True)
     engine = HybridEngine(TinyActor(), backend)
     stats = engine.rollout_mode()
-    assert backend.calls == ["resume_memory", "update_weights"]
+    assert backend.calls == ["resume_weights", "update_weights", "resume_kv_cache"]
     assert stats.bytes == 2 * 3 * 4 + 4 * 2 and stats.tensors == 2
     assert engine.rollout_mode() is None, "already in rollout mode: nothing happens"
     engine.train_mode()
@@ -48,3 +54,18 @@ def test_weights_are_pushed_only_when_stale():
     engine.mark_updated()
     assert engine.rollout_mode() is not None and backend.calls == ["update_weights", "update_weights"]
     assert "release_memory" not in backend.calls, "a backend that cannot release memory is never asked to"
+
+
+def test_full_order_with_every_offload_switch():
+    """rollout: optimizer, grads out -> engine weights in -> push -> params out -> KV cache in; train: the reverse."""
+    from types import SimpleNamespace
+
+    backend = RecordingBackend(can_release=True)
+    actor = TinyActor(backend.calls)         # one shared log of actor and engine calls
+    engine = HybridEngine(actor, backend, offload=SimpleNamespace(params=True, grads=True, optimizer=True))
+    engine.rollout_mode()
+    assert backend.calls == ["offload_optimizer", "offload_grads", "resume_weights", "update_weights",
+                             "offload_params", "resume_kv_cache"]
+    backend.calls.clear()
+    engine.train_mode()
+    assert backend.calls == ["release_memory", "onload_params", "onload_grads", "onload_optimizer"]

@@ -30,7 +30,7 @@ def test_installed_plugins_load_and_register():
     assert "qwen3" in loaded.registry.models and "grpo" in loaded.registry.algorithms
     described = {row["name"]: row for row in loaded.describe()}
     assert described["qwen3"]["distribution"] == "rlcore-model-qwen3"
-    assert described["qwen3"]["registers"] == {"models": ["qwen3"]}
+    assert described["qwen3"]["registers"] == {"models": ["qwen3", "qwen3_moe"]}
 
 
 def test_selection_loads_only_the_named_plugins():

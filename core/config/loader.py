@@ -85,6 +85,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.temperature", lambda v: v > 0, "a number > 0"),
     ("rollout.max_response_len", lambda v: v >= 1, "an integer >= 1"),
@@ -112,6 +113,12 @@ def check_values(cfg: Config) -> None:
     if world % (tp * pp):
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp = {tp} x {pp}; "
                           f"the data-parallel size is world_size / (tp x pp)")
+    ep = cfg.actor.parallel.ep
+    if ep < 1 or (world // (tp * pp)) % ep:
+        raise ConfigError(f"actor.parallel.ep = {ep} must divide the data-parallel size world_size / (tp x pp) = "
+                          f"{world // (tp * pp)}")
+    if ep > 1 and tp > 1:
+        raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported yet: use tp=1")
     if world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
     if cfg.model.path:

@@ -59,6 +59,15 @@ class OptimConfig:
 class ParallelConfig:
     tp: int = 1                   # tensor parallel size
     pp: int = 1                   # pipeline parallel size
+    ep: int = 1                   # expert parallel size (MoE models; taken out of the data-parallel ranks)
+
+
+@dataclass
+class OffloadConfig:
+    """What the actor moves to host memory while the rollout engine runs (frees accelerator memory for it)."""
+    params: bool = False
+    grads: bool = False
+    optimizer: bool = False
 
 
 @dataclass
@@ -69,6 +78,7 @@ class ActorConfig:
     dtype: str = "float32"        # float32 | bfloat16
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
 
 
 @dataclass
@@ -93,7 +103,8 @@ class TaskConfig:
 class TrainerConfig:
     steps: int = 100              # RL steps
     world_size: int = 1           # worker processes (1 = in this process; more = Ray actors)
-    ray_address: str = ""         # join this Ray cluster; empty = start an embedded one
+    ray_address: str = ""         # join this Ray cluster (e.g. 127.0.0.1:6379); empty = start an embedded one
+    placement: str = "pack"       # pack: fill one node first; spread: one worker per node in turn
     prompts_per_step: int = 16
     eval_every: int = 0           # held-out greedy evaluation every N steps (0 = only before and after)
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps

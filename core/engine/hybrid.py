@@ -1,8 +1,9 @@
 """One state machine for the train <-> rollout hand-off, and the weight sync it performs.
 
-rollout mode: resume rollout memory (if the backend can release it) -> push the actor's weights.
-train mode:   release rollout memory (if it can).
-Offloading actor parameters / optimizer state slots into this order when configured (parallel issue).
+rollout mode: offload optimizer state, offload grads (if configured) -> wake the engine's weights -> push the
+              actor's weights (if stale) -> offload actor params (if configured) -> wake the engine's KV cache.
+train mode:   release the engine's memory -> onload params, grads, optimizer state (those offloaded).
+The engine steps run only for backends that can release memory (vLLM's CPU build cannot).
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ class SyncStats:
 class HybridEngine:
     TRAIN, ROLLOUT = "train", "rollout"
 
-    def __init__(self, actor, rollout: RolloutBackend, in_sync: bool = False):
-        """``in_sync``: the engine was started from the checkpoint the actor loaded, so no first push is needed."""
+    def __init__(self, actor, rollout: RolloutBackend, in_sync: bool = False, offload=None):
+        """``in_sync``: the engine was started from the checkpoint the actor loaded, so no first push is needed.
+        ``offload``: which of params / grads / optimizer the actor moves to host memory in rollout mode."""
         self.actor, self.rollout = actor, rollout
+        self.offloaded = [k for k in ("optimizer", "grads", "params") if offload and getattr(offload, k)]
         self.mode = self.TRAIN
         self.weights_version = 0                      # actor updates since construction
         self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds
@@ -40,12 +43,18 @@ class HybridEngine:
         """Enter rollout mode; push weights if the engine's copy is stale. Returns the sync's cost, if any."""
         if self.mode == self.ROLLOUT:
             return None
+        for what in self.offloaded:
+            if what != "params":
+                self._do(f"offload_{what}", self.actor.offload, what)
         if self.rollout.can_release_memory:
-            self.rollout.resume_memory()
-            self.history.append("resume_rollout_memory")
+            self._do("resume_rollout_weights", self.rollout.resume_memory, "weights")
         stats = None
         if self.synced_version != self.weights_version:
             stats = self.sync_weights()
+        if "params" in self.offloaded:
+            self._do("offload_params", self.actor.offload, "params")
+        if self.rollout.can_release_memory:
+            self._do("resume_rollout_kv_cache", self.rollout.resume_memory, "kv_cache")
         self.mode = self.ROLLOUT
         return stats
 
@@ -53,9 +62,15 @@ class HybridEngine:
         if self.mode == self.TRAIN:
             return
         if self.rollout.can_release_memory:
-            self.rollout.release_memory()
-            self.history.append("release_rollout_memory")
+            self._do("release_rollout_memory", self.rollout.release_memory)
+        for what in ("params", "grads", "optimizer"):
+            if what in self.offloaded:
+                self._do(f"onload_{what}", self.actor.onload, what)
         self.mode = self.TRAIN
+
+    def _do(self, step: str, fn, *args) -> None:
+        fn(*args)
+        self.history.append(step)
 
     def sync_weights(self) -> SyncStats:
         counted = {"bytes": 0, "tensors": 0}

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from rlcore.convert import WeightConverter
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ParamEntry:
     tp_sharded: bool
     stage: int                     # owning pipeline stage
     hf: tuple[tuple[str, tuple[int, ...]], ...]   # the HF tensors this parameter becomes, with full shapes
+    ep_names: tuple[str, ...] = () # expert parameter under EP: its global name on each expert-parallel rank
 
     @property
     def full_bytes(self) -> int:
@@ -59,13 +61,27 @@ def _numel(shape) -> int:
     return n
 
 
-def global_name(model: torch.nn.Module, local_name: str) -> str:
-    """Megatron numbers decoder layers per pipeline stage; the rules use the model-wide index."""
+def global_name(model: torch.nn.Module, local_name: str, ep_rank: int | None = None) -> str:
+    """Megatron numbers decoder layers per pipeline stage and experts per expert-parallel rank; the rules use
+    model-wide indices. ``ep_rank``: whose experts (default: this rank's)."""
     m = _LAYER.match(local_name)
     if not m:
         return local_name
     layer = model.decoder.layers[int(m.group(1))]
-    return f"decoder.layers.{layer.layer_number - 1}.{local_name[m.end():]}"
+    name = f"decoder.layers.{layer.layer_number - 1}.{local_name[m.end():]}"
+    e = _EXPERT.search(name)
+    if e:
+        from megatron.core import parallel_state as mpu
+
+        rank = mpu.get_expert_model_parallel_rank() if ep_rank is None else ep_rank
+        first = rank * len(layer.mlp.experts.local_experts)
+        name = f"{name[:e.start()]}.mlp.experts.local_experts.{first + int(e.group(1))}.{name[e.end():]}"
+    return name
+
+
+def is_expert(param: torch.Tensor) -> bool:
+    """Megatron marks expert parameters (sharded over the expert-parallel group) with allreduce=False."""
+    return getattr(param, "allreduce", True) is False
 
 
 class Resharder:
@@ -78,8 +94,15 @@ class Resharder:
         self.tp_group, self.tp_size = mpu.get_tensor_model_parallel_group(), mpu.get_tensor_model_parallel_world_size()
         self.pp_group, self.pp_size = mpu.get_pipeline_model_parallel_group(), mpu.get_pipeline_model_parallel_world_size()
         self.stage = mpu.get_pipeline_model_parallel_rank()
-        self.local = {global_name(model, n): p for n, p in model.named_parameters()}
-        entries = [self._entry(n, p) for n, p in self.local.items()]
+        self.ep_group, self.ep_size = mpu.get_expert_model_parallel_group(), mpu.get_expert_model_parallel_world_size()
+        self.local: dict[str, torch.Tensor] = {}
+        entries = []
+        for local_name, param in model.named_parameters():
+            expert = self.ep_size > 1 and is_expert(param)
+            ep_names = tuple(global_name(model, local_name, r) for r in range(self.ep_size)) if expert else ()
+            name = ep_names[0] if expert else global_name(model, local_name)
+            self.local[name] = param
+            entries.append(self._entry(name, param, ep_names))
         if self.pp_size > 1:   # every stage learns the other stages' parameters once
             per_stage: list = [None] * self.pp_size
             dist.all_gather_object(per_stage, entries, group=self.pp_group)
@@ -87,12 +110,13 @@ class Resharder:
         self.buckets = self._cut(entries)
         self.counters = SyncCounters()
 
-    def _entry(self, name: str, param: torch.Tensor) -> ParamEntry:
-        sharded = self.tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False))
+    def _entry(self, name: str, param: torch.Tensor, ep_names: tuple[str, ...]) -> ParamEntry:
+        sharded = self.tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)
         meta = torch.empty(param.shape, dtype=param.dtype, device="meta")
-        hf = self.converter.to_hf(name, [meta] * (self.tp_size if sharded else 1))
+        hf = [t for n in (ep_names or (name,)) for t in self.converter.to_hf(n, [meta] * (self.tp_size if sharded
+                                                                                             else 1))]
         return ParamEntry(name, tuple(param.shape), param.dtype, sharded, self.stage,
-                          tuple((n, tuple(t.shape)) for n, t in hf))
+                          tuple((n, tuple(t.shape)) for n, t in hf), ep_names)
 
     def _cut(self, entries: list[ParamEntry]) -> list[Bucket]:
         """Consecutive parameters of one stage and dtype, up to bucket_bytes (a larger tensor gets its own)."""
@@ -100,6 +124,7 @@ class Resharder:
         for e in entries:
             last = buckets[-1] if buckets else None
             if (last is None or last.stage != e.stage or last.entries[-1].dtype != e.dtype
+                    or bool(last.entries[-1].ep_names) != bool(e.ep_names)
                     or last.full_bytes + e.full_bytes > self.bucket_bytes):
                 last = Bucket(e.stage)
                 buckets.append(last)
@@ -108,8 +133,28 @@ class Resharder:
         return buckets
 
     # --- the per-bucket pipeline ------------------------------------------------------------------------------
+    def _gathered_experts(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
+        """Every expert-parallel rank holds other experts under the same local names: one all-gather over the
+        EP group, then each rank's piece is converted under that rank's global expert names."""
+        params = [self.local[e.name].detach() for e in bucket.entries]
+        flat = torch.cat([p.reshape(-1) for p in params])
+        out = torch.empty(self.ep_size * flat.numel(), dtype=flat.dtype, device=flat.device)
+        dist.all_gather_into_tensor(out, flat, group=self.ep_group)
+        self.counters.collectives += 1
+        pieces = out.view(self.ep_size, -1)
+        tensors: list[tuple[str, torch.Tensor]] = []   # in ParamEntry.hf order: parameter-major, then EP rank
+        offset = 0
+        for p, e in zip(params, bucket.entries):
+            for rank in range(self.ep_size):
+                tensors.extend(self.converter.to_hf(e.ep_names[rank], [pieces[rank, offset: offset + p.numel()]
+                                                                       .view(p.shape)]))
+            offset += p.numel()
+        return tensors
+
     def _gathered(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
         """On the owning stage: full HF tensors of the bucket (one TP all-gather)."""
+        if bucket.entries[0].ep_names:
+            return self._gathered_experts(bucket)
         params = [self.local[e.name].detach() for e in bucket.entries]
         sharded = [p for p, e in zip(params, bucket.entries) if e.tp_sharded]
         shards_of: dict[int, list[torch.Tensor]] = {}
@@ -148,12 +193,18 @@ class Resharder:
             offset += n
         return out
 
+    def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
+        tensors = self._gathered(bucket) if bucket.stage == self.stage else None
+        if self.pp_size > 1:
+            tensors = self._broadcast(bucket, tensors)
+        self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,
+                                              sum(t.numel() * t.element_size() for _, t in tensors))
+        return tensors
+
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield every HF tensor, one bucket materialised at a time (peak extra memory: a bucket + its largest
+        tensor's conversion). A helper thread prefetching the next bucket was measured on CPU/gloo and gave
+        nothing (8.2 s either way at TP2: gloo's loopback bandwidth bounds it), so buckets are produced inline."""
         self.counters = SyncCounters()
         for bucket in self.buckets:
-            tensors = self._gathered(bucket) if bucket.stage == self.stage else None
-            if self.pp_size > 1:
-                tensors = self._broadcast(bucket, tensors)
-            self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,
-                                                  sum(t.numel() * t.element_size() for _, t in tensors))
-            yield from tensors
+            yield from self._bucket_tensors(bucket)

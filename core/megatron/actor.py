@@ -57,7 +57,7 @@ class MegatronActor:
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
 
-        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed)
+        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
         self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype)
         if hf_state is not None:
@@ -70,6 +70,7 @@ class MegatronActor:
         self.model.config.no_sync_func = self.ddp.no_sync
         self.optimizer = optimizer.build([self.ddp], cfg.optim)
         self.reference = None
+        self._offloaded: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.resharder = Resharder(self.model, self.converter, bucket_bytes)
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -99,6 +100,39 @@ class MegatronActor:
         self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype)
         self.reference.load_state_dict(self.model.state_dict(), strict=False)
         self.reference.requires_grad_(False).eval()
+
+    # --- memory hand-off ---------------------------------------------------------------------------------------
+    def _memory(self, what: str) -> list[torch.Tensor]:
+        """The tensors behind ``params`` / ``grads`` (Megatron DDP's contiguous buffers) or ``optimizer`` (its
+        state tensors, minus any that share storage with the buffers, such as fp32 main params)."""
+        buffers = list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
+        if what == "params":
+            return [b.param_data for b in buffers if b.param_data is not None]
+        if what == "grads":
+            return [b.grad_data for b in buffers]
+        if what == "optimizer":
+            owned = {t.untyped_storage().data_ptr() for t in self._memory("params") + self._memory("grads")}
+            inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+            return [t for o in inner for state in o.state.values() for t in state.values()
+                    if torch.is_tensor(t) and t.dim() > 0 and t.untyped_storage().data_ptr() not in owned]
+        raise ValueError(f"cannot offload {what!r}: use params, grads or optimizer")
+
+    def offload(self, what: str) -> int:
+        """Copy to host memory and free the device storage (views such as the model's params stay valid).
+        Returns the bytes moved."""
+        pin = torch.cuda.is_available()
+        moved = []
+        for t in self._memory(what):
+            host = t.detach().to("cpu", copy=True)
+            moved.append((t, host.pin_memory() if pin else host))
+            t.untyped_storage().resize_(0)
+        self._offloaded[what] = moved
+        return sum(h.numel() * h.element_size() for _, h in moved)
+
+    def onload(self, what: str) -> None:
+        for t, host in self._offloaded.pop(what, []):
+            t.untyped_storage().resize_(host.numel() * host.element_size())
+            t.copy_(host, non_blocking=True)
 
     # --- passes ------------------------------------------------------------------------------------------------
     def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool,

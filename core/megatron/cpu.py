@@ -16,12 +16,16 @@ from typing import Callable
 import torch
 
 SHIMS: dict[str, Callable[[], None]] = {}
+NEEDED_BY: dict[str, str] = {}     # shim -> the smallest case that fails without it: dense, moe, moe-ep2
 _applied: set[str] = set()
 
 
-def _shim(fn: Callable[[], None]) -> Callable[[], None]:
-    SHIMS[fn.__name__] = fn
-    return fn
+def _shim(needed_by: str):
+    def register(fn: Callable[[], None]) -> Callable[[], None]:
+        SHIMS[fn.__name__] = fn
+        NEEDED_BY[fn.__name__] = needed_by
+        return fn
+    return register
 
 
 def needed() -> bool:
@@ -115,7 +119,7 @@ def _cpu_torch_in(*module_names: str) -> None:
 
 # --- the shims ------------------------------------------------------------------------------------------------------
 
-@_shim
+@_shim("dense")
 def rng_tracker_on_cpu_generator():
     """`model_parallel_cuda_manual_seed` and every `get_cuda_rng_tracker().fork()` (weight init, dropout in TP regions)
     read and write the CUDA generator. Keep the tracker's named states on the CPU generator, same seeding semantics."""
@@ -150,7 +154,7 @@ def rng_tracker_on_cpu_generator():
     R.CudaRNGStatesTracker.fork = fork
 
 
-@_shim
+@_shim("dense")
 def cuda_allocations_on_cpu():
     """Buffers that megatron-core allocates with device="cuda" / torch.cuda.current_device(): the schedules' token
     counter, RoPE inv_freq, the global memory buffer, the default causal mask, pipeline p2p receive buffers, TP
@@ -173,7 +177,7 @@ def cuda_allocations_on_cpu():
     )
 
 
-@_shim
+@_shim("dense")
 def cuda_tensor_type_strings():
     """The optimizers and grad clipping accept only params whose `type()` is 'torch.cuda.FloatTensor' (or the
     bf16/fp16 names). In a process without CUDA, report a CPU tensor's type with the CUDA name; `type(dtype)` with an
@@ -187,3 +191,33 @@ def cuda_tensor_type_strings():
         return original(self, dtype, non_blocking, **kwargs)
 
     torch.Tensor.type = type_
+
+
+@_shim("moe")
+def moe_streams_and_buffers_on_cpu():
+    """The MoE token dispatcher creates a torch.cuda.Stream for device-to-host copies of token counts and records
+    CUDA events; the router, experts and helpers allocate with device="cuda"."""
+    _cpu_torch_in(
+        "megatron.core.transformer.moe.token_dispatcher",
+        "megatron.core.transformer.moe.moe_utils",
+        "megatron.core.transformer.moe.router",
+        "megatron.core.transformer.moe.experts",
+        "megatron.core.transformer.moe.moe_layer",
+    )
+
+
+@_shim("moe-ep2")
+def moe_split_sizes_as_numpy():
+    """``maybe_move_tensor_to_cpu(..., as_numpy=True)`` converts the all-to-all split sizes to numpy only for CUDA
+    tensors; on CPU they stay tensors and ``all_to_all_single`` rejects them. Honour ``as_numpy`` for CPU too."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if torch.is_tensor(tensor):
+            tensor = tensor.cpu()
+            return tensor.numpy() if as_numpy else tensor
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):
+        token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu

@@ -41,7 +41,9 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
                      use_cpu_initialization=False,
                      tensor_model_parallel_size=mpu.get_tensor_model_parallel_world_size(),
-                     pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size())
+                     pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
+                     expert_model_parallel_size=mpu.get_expert_model_parallel_world_size(),
+                     expert_tensor_parallel_size=1)
     if not torch.cuda.is_available():
         overrides.update(_CPU_OFF)
     config = spec.transformer_config(hf_config, **overrides)
@@ -49,18 +51,22 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
                      post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
     layout = Layout(num_heads=config.num_attention_heads, num_query_groups=config.num_query_groups,
                     head_dim=config.kv_channels, vocab_size=hf_config["vocab_size"])
-    converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout)
+    converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout,
+                                num_experts=config.num_moe_experts or 0)
     return model, converter
 
 
 def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: dict[str, torch.Tensor]) -> None:
     from megatron.core import parallel_state as mpu
 
-    from rlcore.engine.reshard import global_name
+    from rlcore.engine.reshard import global_name, is_expert
 
     params = {global_name(model, n): p for n, p in model.named_parameters()}
-    tensors = converter.megatron_from_hf(hf_state, params.items(), mpu.get_tensor_model_parallel_rank(),
-                                         mpu.get_tensor_model_parallel_world_size())
+    experts = {n: p for n, p in params.items() if is_expert(p)}     # whole experts: not split over TP
+    dense = {n: p for n, p in params.items() if n not in experts}
+    tensors = [*converter.megatron_from_hf(hf_state, dense.items(), mpu.get_tensor_model_parallel_rank(),
+                                           mpu.get_tensor_model_parallel_world_size()),
+               *converter.megatron_from_hf(hf_state, experts.items())]
     with torch.no_grad():
         for name, value in tensors:
             if value.shape != params[name].shape:

@@ -11,12 +11,12 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
+def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1) -> None:
     """Initialise torch.distributed (from the launcher's env, or as a world of one) and Megatron's groups."""
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from rlcore.megatron import cpu
+    from rlcore.megatron import compat, cpu
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -25,8 +25,11 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
         else:  # a single process: no rendezvous port needed
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     cpu.apply()
+    compat.apply()
     if not mpu.model_parallel_is_initialized():
-        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        # experts: split over `ep` ranks (carved out of data parallelism), each expert whole (no expert TP)
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
         # Megatron-LM seeds the default generator per pipeline stage as well; router/bias init draw from it.
         torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
         model_parallel_cuda_manual_seed(seed)

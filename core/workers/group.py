@@ -59,7 +59,7 @@ class WorkerGroup:
             else:  # embedded; Ray's CPUs are scheduling slots: one per worker, whatever the core count
                 ray.init(num_cpus=max(self.world, os.cpu_count() or 1, 8), include_dashboard=False,
                          log_to_driver=True)
-        self.placement = placement_group([{"CPU": 1}] * self.world, strategy="PACK")
+        self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
         master = (ray.util.get_node_ip_address(), _free_port())
         remote_cls = ray.remote(num_cpus=1)(ActorRolloutWorker)

@@ -14,6 +14,16 @@ from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.losses import aggregate, masked_mean
 
 
+def _node() -> str:
+    """The Ray node this worker runs on ("local" outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    except ImportError:
+        return "local"
+
+
 @dataclass(frozen=True)
 class Coords:
     rank: int
@@ -23,6 +33,7 @@ class Coords:
     rollout_replicas: int
     reports: bool             # this rank's results speak for its data-parallel group (tp 0, last stage)
     leads_replica: bool       # this rank's generations speak for its rollout replica
+    node: str                 # the Ray node this worker runs on
 
 
 class ActorRolloutWorker:
@@ -52,11 +63,12 @@ class ActorRolloutWorker:
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
             model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
             distributed=world_size > 1)
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True)
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True, offload=cfg.actor.offload)
         tp0, last = mpu.get_tensor_model_parallel_rank() == 0, mpu.is_pipeline_last_stage()
         self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
                              rollout_replica=rank // cfg.rollout.tp, rollout_replicas=world_size // cfg.rollout.tp,
-                             reports=tp0 and last, leads_replica=rank % cfg.rollout.tp == 0)
+                             reports=tp0 and last, leads_replica=rank % cfg.rollout.tp == 0,
+                             node=_node())
 
     # --- rollout -------------------------------------------------------------------------------------------------
     def get_coords(self) -> Coords:

@@ -1,27 +1,35 @@
-"""Every CPU shim is still needed: without it, building and training a tiny model on CPU fails; with all of them,
-it trains. Each case runs in a fresh process because the shims patch megatron-core process-wide."""
+"""Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
+it (dense, MoE, MoE with expert parallelism over 2 processes); with all of them, every case trains. Each case runs
+in fresh processes because the shims patch megatron-core process-wide."""
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from rlcore.megatron import cpu
+from rlcore.megatron import compat, cpu
 
 SCRIPT = textwrap.dedent("""
     import sys, torch
-    from rlcore.megatron import cpu
-    for name in sys.argv[1:]:
-        cpu.SHIMS.pop(name)
-    from rlcore.config.schema import ActorConfig
+    from rlcore.megatron import compat, cpu
+    case, skip = sys.argv[1], sys.argv[2:]
+    for name in skip:
+        if name in cpu.SHIMS:
+            cpu.SHIMS.pop(name)
+        else:
+            compat.apply = lambda: None
+    from rlcore.config.schema import ActorConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
-    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
-    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
-    actor = MegatronActor(QWEN3, hf, ActorConfig(micro_batch_size=2), SPECS[0])
+    spec = QWEN3 if case == "dense" else QWEN3_MOE
+    hf = spec.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                             head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
+    ep = 2 if case == "moe-ep2" else 1
+    actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=ParallelConfig(ep=ep)), SPECS[0])
     batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5]] * 4, pad_id=0))
     losses = [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 8.0, 4),
                                                       {"loss": float(-(lp * mb["response_mask"]).sum() / 4)}))["loss"]
@@ -30,19 +38,28 @@ SCRIPT = textwrap.dedent("""
     print("TRAINED", losses)
 """)
 
+CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
+CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
 
-def run(*skip):
-    return subprocess.run([sys.executable, "-c", SCRIPT, *skip], capture_output=True, text=True, timeout=300)
+
+def run(tmp_path, case, *skip):
+    script = tmp_path / "case.py"
+    script.write_text(SCRIPT)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29641"] \
+        if case == "moe-ep2" else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*launcher, str(script), case, *skip], capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.slow
-def test_all_shims_train_on_cpu():
-    result = run()
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2"])
+def test_all_shims_train(tmp_path, case):
+    result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shim", sorted(cpu.SHIMS))
-def test_each_shim_is_still_needed(shim):
-    result = run(shim)
-    assert result.returncode != 0, f"megatron-core trained on CPU without shim {shim!r}: remove the shim"
+@pytest.mark.parametrize("shim", sorted(CASES))
+def test_each_shim_is_still_needed(tmp_path, shim):
+    result = run(tmp_path, CASES[shim], shim)
+    assert result.returncode != 0, f"megatron-core trained ({CASES[shim]}) without shim {shim!r}: remove the shim"

@@ -65,3 +65,25 @@ def test_tp2xpp2_learns_like_one_process(tmp_path, warm_start_cache):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS["tp2xpp2"], steps=30)
     assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.10, summary
     assert_replicas_agree(prints)
+
+
+def test_two_ray_nodes(tmp_path, warm_start_cache):
+    """Two raylets on this machine; TP2 x PP2 spread over both nodes trains with checked weight syncs."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster()
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.add_node(num_cpus=2)
+        summary, prints, history = run_layout(
+            tmp_path, warm_start_cache, LAYOUTS["tp2xpp2"] + [f"trainer.ray_address={cluster.address}",
+                                                              "trainer.placement=spread"], steps=2)
+        assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
+        assert len(set(summary["worker_nodes"])) == 2, summary["worker_nodes"]   # workers on both nodes
+        assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
+        assert_replicas_agree(prints)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

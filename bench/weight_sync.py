@@ -1,0 +1,196 @@
+"""Weight sync train -> rollout on a ~0.5B-parameter Qwen3-shaped model (random weights), at several layouts.
+
+    python bench/weight_sync.py [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
+
+For each layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a vLLM engine
+(rollout TP=1, external launcher) and pushes the weights three times. Printed per layout (worst rank):
+seconds per sync (median), bytes moved into each engine, collective calls per sync, buckets, peak extra resident
+memory during a sync, and two floors measured in the same run on the same rank: a plain copy of the model's HF
+tensors into preallocated buffers, and the engine ingesting the same full HF tensors already in memory
+(``update_weights`` with no conversion or communication). Goal: sync <= 1.3x the engine floor.
+"peak extra MB" is the resident-memory rise during a sync; "engine own MB" the rise during the engine-floor ingest
+(the engine's own re-materialisation), so the sync's own extra memory is roughly the difference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SHAPE = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, ffn_hidden_size=3072,
+             max_position_embeddings=256)
+VOCAB = 32000
+LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2), "tp2xpp2": (4, 2, 2)}   # world, tp, pp
+
+
+def make_checkpoint(directory: str, dtype: str) -> None:
+    """Random HF Qwen3 checkpoint of the benchmark shape (no model init: tensors are filled directly)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+    hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
+    hf["dtype"] = dtype
+    write_char_tokenizer(directory)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in Qwen3ForCausalLM(Qwen3Config(**hf)).named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    tdtype = getattr(torch, dtype)
+    state = {n: (torch.ones(s) if "norm" in n else torch.randn(s, generator=g) * 0.02).to(tdtype)
+             for n, s in shapes.items()}
+    save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf, f)
+
+
+class PeakRss:
+    """Samples this process's resident memory in a thread; ``peak - start`` is the extra memory of a phase."""
+
+    def __init__(self):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def __enter__(self):
+        self.start = self.peak = self.rss()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, self.rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def rank_main(args) -> None:
+    """One rank of one layout (under torchrun)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from rlcore.config import load_config
+    from rlcore.engine.reshard import Resharder
+    from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import init_parallel
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_rollout_vllm.backend import VLLMRollout
+
+    world, tp, pp = LAYOUTS[args.layout]
+    init_parallel(tp, pp, seed=0)
+    hf_config = read_hf_config(args.ckpt)
+    model, converter = build_gpt(QWEN3, hf_config, args.dtype)
+    load_hf_into(model, converter, read_hf_weights(args.ckpt))
+    resharder = Resharder(model, converter, bucket_bytes=int(args.bucket_mb * (1 << 20)))
+    cfg = load_config("quickstart", ["rollout.kv_cache_gib=0.25"]).rollout
+    rollout = VLLMRollout(args.ckpt, cfg, max_model_len=256, distributed=world > 1)
+    counted = {}
+
+    def counting(stream):
+        counted["bytes"] = 0
+        for name, t in stream:
+            counted["bytes"] += t.numel() * t.element_size()
+            yield name, t
+
+    rollout.update_weights(resharder.stream())   # warm-up: the first load into a fresh engine is 2-3x slower
+    syncs, peaks = [], []
+    for _ in range(3):
+        torch.distributed.barrier()
+        with PeakRss() as mem:
+            start = time.perf_counter()
+            rollout.update_weights(counting(resharder.stream()))
+            syncs.append(time.perf_counter() - start)
+        peaks.append(mem.extra)
+    full = [(n, t.clone()) for n, t in resharder.stream()]       # the same tensors, fully in memory
+    largest = max(t.numel() * t.element_size() for _, t in full)
+    dest = [torch.empty_like(t) for _, t in full]
+    copies = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for d, (_, t) in zip(dest, full):
+            d.copy_(t)
+        copies.append(time.perf_counter() - start)
+    del dest
+    ingests, ingest_peaks = [], []
+    for _ in range(3):
+        torch.distributed.barrier()
+        with PeakRss() as mem:
+            start = time.perf_counter()
+            rollout.update_weights(iter(full))
+            ingests.append(time.perf_counter() - start)
+        ingest_peaks.append(mem.extra)
+    result = dict(rank=torch.distributed.get_rank(), sync_s=statistics.median(syncs), bytes=counted["bytes"],
+                  collectives=resharder.counters.collectives, buckets=len(resharder.buckets),
+                  peak_extra_bytes=max(peaks), ingest_peak_extra_bytes=max(ingest_peaks), bucket_bytes=resharder.counters.peak_bucket_bytes,
+                  largest_tensor_bytes=largest, copy_s=min(copies), ingest_s=statistics.median(ingests))
+    with open(os.path.join(args.out, f"rank{result['rank']}.json"), "w") as f:
+        json.dump(result, f)
+    rollout.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", default="tp1,tp2,pp2")
+    parser.add_argument("--bucket-mb", type=float, default=256)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--rank-of", dest="layout", help=argparse.SUPPRESS)
+    parser.add_argument("--ckpt", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.layout:
+        rank_main(args)
+        return 0
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
+        make_checkpoint(ckpt, args.dtype)
+        params = None
+        print(f"{'layout':<8} {'sync s':>7} {'MB moved':>9} {'collectives':>11} {'buckets':>7} {'peak extra MB':>13} "
+              f"{'engine own MB':>13} {'bucket+largest MB':>17} {'copy s':>7} {'ingest s':>8} {'sync/ingest':>11} {'sync/copy':>9}")
+        for layout in args.layouts.split(","):
+            world = LAYOUTS[layout][0]
+            with tempfile.TemporaryDirectory() as out:
+                cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
+                       "--master_port=29613", __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
+                       "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{layout}: failed\n{proc.stderr[-3000:]}")
+                    continue
+                ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+            worst = max(ranks, key=lambda r: r["sync_s"])
+            params = worst["bytes"] // (4 if args.dtype == "float32" else 2)
+            mb = 1 << 20
+            print(f"{layout:<8} {worst['sync_s']:>7.2f} {worst['bytes'] / mb:>9.0f} {worst['collectives']:>11} "
+                  f"{worst['buckets']:>7} {max(r['peak_extra_bytes'] for r in ranks) / mb:>13.0f} "
+                  f"{max(r['ingest_peak_extra_bytes'] for r in ranks) / mb:>13.0f} "
+                  f"{(worst['bucket_bytes'] + worst['largest_tensor_bytes']) / mb:>17.0f} {worst['copy_s']:>7.2f} "
+                  f"{worst['ingest_s']:>8.2f} {worst['sync_s'] / worst['ingest_s']:>11.2f} "
+                  f"{worst['sync_s'] / worst['copy_s']:>9.1f}")
+        if params:
+            print(f"model: {params / 1e6:.0f}M parameters ({args.dtype}), bucket {args.bucket_mb} MB, rollout TP=1 per rank")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
