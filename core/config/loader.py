@@ -109,14 +109,13 @@ def check_values(cfg: Config) -> None:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"config key {key!r} = {value!r} is not allowed: use {allowed}")
-    world, tp, pp = cfg.trainer.world_size, cfg.actor.parallel.tp, cfg.actor.parallel.pp
-    if world % (tp * pp):
-        raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp = {tp} x {pp}; "
-                          f"the data-parallel size is world_size / (tp x pp)")
+    world, tp, pp, cp = cfg.trainer.world_size, cfg.actor.parallel.tp, cfg.actor.parallel.pp, cfg.actor.parallel.cp
+    if cp < 1 or world % (tp * pp * cp):
+        raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp x cp = "
+                          f"{tp} x {pp} x {cp}; the data-parallel size is world_size / (tp x pp x cp)")
     ep = cfg.actor.parallel.ep
     if ep < 1 or (world // (tp * pp)) % ep:
-        raise ConfigError(f"actor.parallel.ep = {ep} must divide the data-parallel size world_size / (tp x pp) = "
-                          f"{world // (tp * pp)}")
+        raise ConfigError(f"actor.parallel.ep = {ep} must divide world_size / (tp x pp) = {world // (tp * pp)}")
     if ep > 1 and tp > 1:
         raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported yet: use tp=1")
     if world % cfg.rollout.tp:

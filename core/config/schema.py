@@ -60,6 +60,7 @@ class ParallelConfig:
     tp: int = 1                   # tensor parallel size
     pp: int = 1                   # pipeline parallel size
     ep: int = 1                   # expert parallel size (MoE models; taken out of the data-parallel ranks)
+    cp: int = 1                   # context parallel size: each sequence split over cp ranks
 
 
 @dataclass

@@ -50,6 +50,23 @@ def _pad_rows(batch: Batch, multiple: int) -> Batch:
     return padded
 
 
+def _pad_columns(batch: Batch, multiple: int) -> Batch:
+    """Context parallelism splits sequences into 2*cp equal chunks: pad every per-token tensor with zeros."""
+    length = batch["input_ids"].shape[1]
+    extra = -length % multiple
+    if extra == 0:
+        return batch
+    tensors = {k: torch.nn.functional.pad(v, (0, extra)) if v.dim() == 2 and v.shape[1] == length else v
+               for k, v in batch.tensors.items()}
+    return Batch(tensors, batch.meta)
+
+
+def _select_columns(batch: Batch, index: torch.Tensor) -> Batch:
+    length = batch["input_ids"].shape[1]
+    return Batch({k: v[:, index] if v.dim() == 2 and v.shape[1] == length else v for k, v in batch.tensors.items()},
+                 batch.meta)
+
+
 class MegatronActor:
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20):
@@ -57,7 +74,7 @@ class MegatronActor:
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
 
-        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep)
+        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep, cfg.parallel.cp)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
         self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype)
         if hf_state is not None:
@@ -77,6 +94,7 @@ class MegatronActor:
         self.pp_group = mpu.get_pipeline_model_parallel_group()
         self.pp_size = mpu.get_pipeline_model_parallel_world_size()
         self.is_last_stage = mpu.is_pipeline_last_stage()
+        self.cp_group, self.cp_size = mpu.get_context_parallel_group(), mpu.get_context_parallel_world_size()
 
     # --- weights -----------------------------------------------------------------------------------------------
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -140,16 +158,24 @@ class MegatronActor:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         mbs = min(self.cfg.micro_batch_size, len(batch))
+        full_len = batch["input_ids"].shape[1]
+        batch = _pad_columns(batch, 2 * self.cp_size) if self.cp_size > 1 else batch
         micro = _pad_rows(batch, mbs).split(mbs)
         outputs: list[torch.Tensor] = []
-        # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch
+        # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the
+        # schedule itself makes up for the average over context-parallel ranks)
         scale = len(micro) * self.dp_size
 
         def forward_step(data_iterator, chunk):
             mb = next(data_iterator)
             ids = mb["input_ids"]
+            labels = torch.roll(ids, -1, dims=1)
             positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
-            ce = chunk(ids, positions, None, labels=torch.roll(ids, -1, dims=1))
+            if self.cp_size > 1:   # this rank's zigzag chunks of every per-token tensor
+                index = self._cp_index(ids.shape[1])
+                mb = _select_columns(mb, index)
+                ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
+            ce = chunk(ids, positions, None, labels=labels)
 
             def loss_func(per_token_ce):
                 logp = -per_token_ce.float()
@@ -164,9 +190,28 @@ class MegatronActor:
         with logits_divided_by(model, temperature):
             results = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-                num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1],
+                num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1] // self.cp_size,
                 micro_batch_size=mbs, forward_only=forward_only)
+        if self.cp_size > 1 and outputs:
+            outputs = [self._cp_gather(o)[:, :full_len] for o in outputs]
         return results, outputs
+
+    def _cp_index(self, length: int) -> torch.Tensor:
+        from rlcore.megatron.compat import zigzag_positions
+
+        return zigzag_positions(self.cp_group.rank(), self.cp_size, length // (2 * self.cp_size))
+
+    def _cp_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Per-token values of this rank's chunks -> the whole sequence, on every CP rank."""
+        from rlcore.megatron.compat import zigzag_positions
+
+        pieces = [torch.empty_like(local) for _ in range(self.cp_size)]
+        dist.all_gather(pieces, local.contiguous(), group=self.cp_group)
+        chunk = local.shape[1] // 2
+        full = local.new_empty(local.shape[0], local.shape[1] * self.cp_size)
+        for r, piece in enumerate(pieces):
+            full[:, zigzag_positions(r, self.cp_size, chunk)] = piece
+        return full
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:

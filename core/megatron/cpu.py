@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 SHIMS: dict[str, Callable[[], None]] = {}
-NEEDED_BY: dict[str, str] = {}     # shim -> the smallest case that fails without it: dense, moe, moe-ep2
+NEEDED_BY: dict[str, str] = {}     # shim -> the smallest case that fails without it: dense, moe, moe-ep2, cp2
 _applied: set[str] = set()
 
 
@@ -221,3 +221,20 @@ def moe_split_sizes_as_numpy():
     moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
     if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):
         token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
+@_shim("cp2")
+def rope_context_parallel_index_on_cpu():
+    """RoPE under context parallelism picks this rank's chunks with an index tensor built as
+    ``torch.tensor(..., pin_memory=True).cuda()``; build it on the embedding's own device."""
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding
+
+    def get_pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
+        cp_size, cp_rank = cp_group.size(), cp_group.rank()
+        index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=pos_emb.device)
+        pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1:])
+        pos_emb = pos_emb.index_select(seq_dim, index)
+        return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
+
+    for module in (rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding):
+        module.get_pos_emb_on_this_cp_rank = get_pos_emb_on_this_cp_rank

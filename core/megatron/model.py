@@ -42,6 +42,7 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
                      use_cpu_initialization=False,
                      tensor_model_parallel_size=mpu.get_tensor_model_parallel_world_size(),
                      pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
+                     context_parallel_size=mpu.get_context_parallel_world_size(),
                      expert_model_parallel_size=mpu.get_expert_model_parallel_world_size(),
                      expert_tensor_parallel_size=1)
     if not torch.cuda.is_available():

@@ -11,7 +11,7 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1) -> None:
+def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1, cp: int = 1) -> None:
     """Initialise torch.distributed (from the launcher's env, or as a world of one) and Megatron's groups."""
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -29,7 +29,8 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1) -> None:
     if not mpu.model_parallel_is_initialized():
         # experts: split over `ep` ranks (carved out of data parallelism), each expert whole (no expert TP)
         mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=1)
+                                      context_parallel_size=cp, expert_model_parallel_size=ep,
+                                      expert_tensor_parallel_size=1)
         # Megatron-LM seeds the default generator per pipeline stage as well; router/bias init draw from it.
         torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
         model_parallel_cuda_manual_seed(seed)

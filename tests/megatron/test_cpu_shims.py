@@ -1,5 +1,6 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE, MoE with expert parallelism over 2 processes); with all of them, every case trains. Each case runs
+it (dense, MoE; MoE with expert parallelism or a dense model with context parallelism, over 2 processes); with
+all of them, every case trains. Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
 import os
 import subprocess
@@ -18,21 +19,22 @@ SCRIPT = textwrap.dedent("""
         if name in cpu.SHIMS:
             cpu.SHIMS.pop(name)
         else:
-            compat.apply = lambda: None
+            setattr(compat, name, lambda: None)
     from rlcore.config.schema import ActorConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
-    spec = QWEN3 if case == "dense" else QWEN3_MOE
+    spec = QWEN3_MOE if case.startswith("moe") else QWEN3
     hf = spec.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
-    ep = 2 if case == "moe-ep2" else 1
-    actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=ParallelConfig(ep=ep)), SPECS[0])
-    batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5]] * 4, pad_id=0))
-    losses = [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 8.0, 4),
-                                                      {"loss": float(-(lp * mb["response_mask"]).sum() / 4)}))["loss"]
+    parallel = ParallelConfig(ep=2 if case == "moe-ep2" else 1, cp=2 if case == "cp2" else 1)
+    actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0])
+    # responses long enough that every context-parallel rank holds some of their tokens
+    batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5, 6, 7, 8, 9]] * 4, pad_id=0))
+    losses = [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 24.0, 4),
+                                                      {"loss": float(-(lp * mb["response_mask"]).sum())}))["loss"]
               for _ in range(3)]
     assert losses[-1] < losses[0], losses
     print("TRAINED", losses)
@@ -40,19 +42,21 @@ SCRIPT = textwrap.dedent("""
 
 CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
+CASES[compat.context_parallel_attention_without_transformer_engine.__name__] = "cp2"
+MULTI_PROCESS = ("moe-ep2", "cp2")
 
 
 def run(tmp_path, case, *skip):
     script = tmp_path / "case.py"
     script.write_text(SCRIPT)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29641"] \
-        if case == "moe-ep2" else [sys.executable]
+        if case in MULTI_PROCESS else [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([*launcher, str(script), case, *skip], capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2"])
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2"])
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]

@@ -17,6 +17,8 @@ LAYOUTS = {
     "tp2-rollout_tp2": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.tp=2"],
     "dp2-rollout_tp2": ["trainer.world_size=2", "rollout.tp=2"],
     "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"],
+    "cp2": ["trainer.world_size=2", "actor.parallel.cp=2"],
+    "tp2xcp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.cp=2"],
 }
 
 

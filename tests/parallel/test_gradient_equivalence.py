@@ -1,0 +1,92 @@
+"""One optimizer step on the same batch gives the same weights in every layout as in one process: the loss shares,
+micro-batching, data-parallel averaging and context-parallel split add up to exactly the global loss's gradient.
+
+Adam's usual first step is lr * sign(g): blind to a mis-scaled loss. With beta1 = 0 and eps far above |g| its
+update is lr * g / (|g| + eps), i.e. nearly linear in g, so a wrong factor anywhere shows. (Megatron's distributed
+optimizer supports only Adam.)"""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
+
+RANK_SCRIPT = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    from safetensors.torch import save_file
+    from rlcore.config.schema import ActorConfig, OptimConfig, ParallelConfig
+    from rlcore.data import Batch, build_sequences
+    from rlcore.losses import aggregate
+    from rlcore.megatron.actor import MegatronActor
+    from rlcore.megatron.model import read_hf_weights
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.optimizers import SPECS
+    path, out, tp, pp, cp, mbs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
+    sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
+    cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp))
+    actor = MegatronActor(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
+    responses = [torch.randint(1, 16, (2 + i % 4,), generator=g).tolist() for i in range(8)]
+    batch = Batch(build_sequences(prompts, responses, pad_id=0))
+    batch["weight"] = torch.rand(batch["input_ids"].shape, generator=g)   # makes every token's gradient differ
+    dp, rank = actor.dp_size, actor.dp_rank
+    share = batch.select(range(rank * len(batch) // dp, (rank + 1) * len(batch) // dp))
+    tokens = float(batch["response_mask"].sum())
+    actor.train_step(share, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
+                                                       tokens, len(batch)), {}))
+    weights = {n: t.contiguous().clone() for n, t in actor.hf_weights()}
+    if dist.get_rank() == 0:
+        save_file(weights, out)
+""")
+
+LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size)
+    "one-process-microbatched": (1, 1, 1, 1, 3),
+    "dp2": (2, 1, 1, 1, 4),
+    "tp2": (2, 2, 1, 1, 8),
+    "pp2": (2, 1, 2, 1, 2),
+    "cp2": (2, 1, 1, 2, 8),
+}
+
+
+def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    out = tmp_path / f"{name}.safetensors"
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port=29661"]
+    result = subprocess.run([*launcher, str(script), str(checkpoint), str(out), str(tp), str(pp), str(cp),
+                             str(mbs)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return load_file(out)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The checkpoint both sides start from, and one step on the whole batch in one process."""
+    from rlcore_model_qwen3.plugin import QWEN3
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tmp = tmp_path_factory.mktemp("grad")
+    torch.manual_seed(0)
+    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
+    Qwen3ForCausalLM(Qwen3Config(**hf)).float().save_pretrained(tmp / "ckpt")
+    return tmp, tmp / "ckpt", one_step(tmp, "reference", tmp / "ckpt", 1, 1, 1, 1, 8)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_one_step_equals_one_process(reference, layout):
+    tmp, checkpoint, expected = reference
+    got = one_step(tmp, layout, checkpoint, *LAYOUTS[layout])
+    start = load_file(checkpoint / "model.safetensors")
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        moved = (expected[name] - start[name]).abs().max().item()
+        assert (got[name] - expected[name]).abs().max().item() <= 1e-5 + 1e-4 * moved, name
+    assert max((expected[n] - start[n]).abs().max().item() for n in expected) > 1e-3, "the step changed weights"
