@@ -33,7 +33,8 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: Optimizer
         return os.path.expanduser(cfg.model.path)
     if spec.tiny_hf_config is None:
         raise ValueError(f"model family {spec.name!r} cannot build a tiny model; set model.path")
-    target = os.path.join(os.path.expanduser(cfg.warm_start.cache_dir), f"{spec.name}-{cfg.task.name}-{_cache_key(cfg)}")
+    cache = os.path.expanduser(cfg.warm_start.cache_dir)
+    target = os.path.join(cache, f"{spec.name}-{cfg.task.name}-{_cache_key(cfg)}")
     if os.path.isfile(os.path.join(target, READY)):
         log.info("using cached starting checkpoint %s", target)
         return target
@@ -74,7 +75,8 @@ def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: 
 
         def nll(logp, mb):
             mask = mb["response_mask"]
-            return aggregate(-logp, mask, "token-mean", tokens, len(batch)), {"sft/loss": masked_mean(-logp, mask).item()}
+            share = aggregate(-logp, mask, "token-mean", tokens, len(batch))
+            return share, {"sft/loss": masked_mean(-logp, mask).item()}
 
         loss = actor.train_step(batch, nll)["sft/loss"]
     return loss

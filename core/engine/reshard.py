@@ -92,7 +92,8 @@ class Resharder:
 
         self.model, self.converter, self.bucket_bytes = model, converter, bucket_bytes
         self.tp_group, self.tp_size = mpu.get_tensor_model_parallel_group(), mpu.get_tensor_model_parallel_world_size()
-        self.pp_group, self.pp_size = mpu.get_pipeline_model_parallel_group(), mpu.get_pipeline_model_parallel_world_size()
+        self.pp_group = mpu.get_pipeline_model_parallel_group()
+        self.pp_size = mpu.get_pipeline_model_parallel_world_size()
         self.stage = mpu.get_pipeline_model_parallel_rank()
         self.ep_group, self.ep_size = mpu.get_expert_model_parallel_group(), mpu.get_expert_model_parallel_world_size()
         self.local: dict[str, torch.Tensor] = {}

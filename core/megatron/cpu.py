@@ -158,7 +158,8 @@ def rng_tracker_on_cpu_generator():
 def cuda_allocations_on_cpu():
     """Buffers that megatron-core allocates with device="cuda" / torch.cuda.current_device(): the schedules' token
     counter, RoPE inv_freq, the global memory buffer, the default causal mask, pipeline p2p receive buffers, TP
-    mapping buffers and GPU-path weight init, the DDP param/grad buffers and the optimizer's found-inf / norm tensors."""
+    mapping buffers and GPU-path weight init, the DDP param/grad buffers and the optimizer's found-inf / norm
+    tensors."""
     _cpu_torch_in(
         "megatron.core.pipeline_parallel.schedules",
         "megatron.core.pipeline_parallel.p2p_communication",

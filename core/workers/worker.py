@@ -66,7 +66,8 @@ class ActorRolloutWorker:
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=True, offload=cfg.actor.offload)
         tp0, last = mpu.get_tensor_model_parallel_rank() == 0, mpu.is_pipeline_last_stage()
         tp0 = tp0 and mpu.get_context_parallel_rank() == 0
-        self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
+        self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(),
+                             dp_size=mpu.get_data_parallel_world_size(),
                              rollout_replica=rank // cfg.rollout.tp, rollout_replicas=world_size // cfg.rollout.tp,
                              reports=tp0 and last, leads_replica=rank % cfg.rollout.tp == 0,
                              node=_node())
