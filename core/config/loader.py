@@ -116,6 +116,8 @@ def check_values(cfg: Config) -> None:
     ep = cfg.actor.parallel.ep
     if ep < 1 or (world // (tp * pp)) % ep:
         raise ConfigError(f"actor.parallel.ep = {ep} must divide world_size / (tp x pp) = {world // (tp * pp)}")
+    if cfg.actor.parallel.sp and tp == 1:
+        raise ConfigError("actor.parallel.sp = true needs actor.parallel.tp > 1 (it splits sequences over TP ranks)")
     if ep > 1 and tp > 1:
         raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported yet: use tp=1")
     if world % cfg.rollout.tp:

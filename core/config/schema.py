@@ -61,6 +61,7 @@ class ParallelConfig:
     pp: int = 1                   # pipeline parallel size
     ep: int = 1                   # expert parallel size (MoE models; taken out of the data-parallel ranks)
     cp: int = 1                   # context parallel size: each sequence split over cp ranks
+    sp: bool = False              # sequence parallelism inside TP regions (norms, dropout); needs tp > 1
 
 
 @dataclass

@@ -51,7 +51,7 @@ def _pad_rows(batch: Batch, multiple: int) -> Batch:
 
 
 def _pad_columns(batch: Batch, multiple: int) -> Batch:
-    """Context parallelism splits sequences into 2*cp equal chunks: pad every per-token tensor with zeros."""
+    """Context / sequence parallelism split sequences into equal chunks: pad every per-token tensor with zeros."""
     length = batch["input_ids"].shape[1]
     extra = -length % multiple
     if extra == 0:
@@ -76,7 +76,7 @@ class MegatronActor:
 
         init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep, cfg.parallel.cp)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
-        self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype)
+        self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype, cfg.parallel.sp)
         if hf_state is not None:
             load_hf_into(self.model, self.converter, hf_state)
         self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
@@ -95,6 +95,9 @@ class MegatronActor:
         self.pp_size = mpu.get_pipeline_model_parallel_world_size()
         self.is_last_stage = mpu.is_pipeline_last_stage()
         self.cp_group, self.cp_size = mpu.get_context_parallel_group(), mpu.get_context_parallel_world_size()
+        # sequences are split into 2*cp chunks (CP) and each chunk over TP ranks (SP): pad to a multiple of both
+        self.sequence_multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (cfg.parallel.tp if cfg.parallel.sp
+                                                                                   else 1)
 
     # --- weights -----------------------------------------------------------------------------------------------
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -115,7 +118,7 @@ class MegatronActor:
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
-        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype)
+        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp)
         self.reference.load_state_dict(self.model.state_dict(), strict=False)
         self.reference.requires_grad_(False).eval()
 
@@ -159,7 +162,7 @@ class MegatronActor:
 
         mbs = min(self.cfg.micro_batch_size, len(batch))
         full_len = batch["input_ids"].shape[1]
-        batch = _pad_columns(batch, 2 * self.cp_size) if self.cp_size > 1 else batch
+        batch = _pad_columns(batch, self.sequence_multiple)
         micro = _pad_rows(batch, mbs).split(mbs)
         outputs: list[torch.Tensor] = []
         # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the

@@ -7,6 +7,7 @@ def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
     if not _have_transformer_engine():
         context_parallel_attention_without_transformer_engine()
+        sequence_parallel_torch_norms()
 
 
 def _have_transformer_engine() -> bool:
@@ -76,3 +77,30 @@ def zigzag_positions(rank: int, cp: int, chunk: int):
 
     return torch.cat([torch.arange(rank * chunk, (rank + 1) * chunk),
                       torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk)])
+
+
+def sequence_parallel_torch_norms() -> None:
+    """megatron-core's torch (non-TE) norms refuse sequence parallelism, though nothing in them depends on it: a norm
+    is per token. Build them with the flag off and tag their parameters ``sequence_parallel`` so that
+    ``finalize_model_grads`` all-reduces their gradients over the TP group (each TP rank saw only its part of the
+    sequence), which is what TE's norms get."""
+    from megatron.core.transformer import torch_norm
+
+    if getattr(torch_norm.WrappedTorchNorm, "_rlcore_sp", False):
+        return
+    original = torch_norm.WrappedTorchNorm.__new__
+
+    def __new__(cls, config, hidden_size, eps=1e-5, *args, **kwargs):
+        if not config.sequence_parallel:
+            return original(cls, config, hidden_size, eps, *args, **kwargs)
+        config.sequence_parallel = False
+        try:
+            norm = original(cls, config, hidden_size, eps, *args, **kwargs)
+        finally:
+            config.sequence_parallel = True
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    torch_norm.WrappedTorchNorm.__new__ = __new__
+    torch_norm.WrappedTorchNorm._rlcore_sp = True

@@ -32,7 +32,7 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
+def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False):
     """The local (this rank's) GPTModel and the converter bound to it."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
@@ -43,6 +43,7 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32"):
                      tensor_model_parallel_size=mpu.get_tensor_model_parallel_world_size(),
                      pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
                      context_parallel_size=mpu.get_context_parallel_world_size(),
+                     sequence_parallel=sequence_parallel,
                      expert_model_parallel_size=mpu.get_expert_model_parallel_world_size(),
                      expert_tensor_parallel_size=1)
     if not torch.cuda.is_available():

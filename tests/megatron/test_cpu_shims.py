@@ -1,6 +1,6 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE; MoE with expert parallelism or a dense model with context parallelism, over 2 processes); with
-all of them, every case trains. Each case runs
+it (dense, MoE; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence
+parallelism); with all of them, every case trains. Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
 import os
 import subprocess
@@ -29,7 +29,8 @@ SCRIPT = textwrap.dedent("""
     spec = QWEN3_MOE if case.startswith("moe") else QWEN3
     hf = spec.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
-    parallel = ParallelConfig(ep=2 if case == "moe-ep2" else 1, cp=2 if case == "cp2" else 1)
+    parallel = ParallelConfig(ep=2 if case == "moe-ep2" else 1, cp=2 if case == "cp2" else 1,
+                              tp=2 if case == "tp2-sp" else 1, sp=case == "tp2-sp")
     actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0])
     # responses long enough that every context-parallel rank holds some of their tokens
     batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5, 6, 7, 8, 9]] * 4, pad_id=0))
@@ -43,7 +44,8 @@ SCRIPT = textwrap.dedent("""
 CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
 CASES[compat.context_parallel_attention_without_transformer_engine.__name__] = "cp2"
-MULTI_PROCESS = ("moe-ep2", "cp2")
+CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
+MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 
 
 def run(tmp_path, case, *skip):
@@ -56,7 +58,7 @@ def run(tmp_path, case, *skip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2"])
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp"])
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]

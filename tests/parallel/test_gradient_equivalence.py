@@ -25,11 +25,11 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.model import read_hf_weights
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    path, out, tp, pp, cp, mbs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+    path, out, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
-    cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp))
+    cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)))
     actor = MegatronActor(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
@@ -46,22 +46,23 @@ RANK_SCRIPT = textwrap.dedent("""
         save_file(weights, out)
 """)
 
-LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size)
-    "one-process-microbatched": (1, 1, 1, 1, 3),
-    "dp2": (2, 1, 1, 1, 4),
-    "tp2": (2, 2, 1, 1, 8),
-    "pp2": (2, 1, 2, 1, 2),
-    "cp2": (2, 1, 1, 2, 8),
+LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel)
+    "one-process-microbatched": (1, 1, 1, 1, 3, 0),
+    "dp2": (2, 1, 1, 1, 4, 0),
+    "tp2": (2, 2, 1, 1, 8, 0),
+    "tp2-sp": (2, 2, 1, 1, 8, 1),
+    "pp2": (2, 1, 2, 1, 2, 0),
+    "cp2": (2, 1, 1, 2, 8, 0),
 }
 
 
-def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs):
+def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     out = tmp_path / f"{name}.safetensors"
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port=29661"]
     result = subprocess.run([*launcher, str(script), str(checkpoint), str(out), str(tp), str(pp), str(cp),
-                             str(mbs)], capture_output=True, text=True, timeout=300)
+                             str(mbs), str(sp)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return load_file(out)
 
@@ -77,7 +78,7 @@ def reference(tmp_path_factory):
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     Qwen3ForCausalLM(Qwen3Config(**hf)).float().save_pretrained(tmp / "ckpt")
-    return tmp, tmp / "ckpt", one_step(tmp, "reference", tmp / "ckpt", 1, 1, 1, 1, 8)
+    return tmp, tmp / "ckpt", one_step(tmp, "reference", tmp / "ckpt", 1, 1, 1, 1, 8, 0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -19,6 +19,7 @@ LAYOUTS = {
     "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"],
     "cp2": ["trainer.world_size=2", "actor.parallel.cp=2"],
     "tp2xcp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.cp=2"],
+    "tp2-sp": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.parallel.sp=true"],
 }
 
 
