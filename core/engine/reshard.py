@@ -37,8 +37,12 @@ class ParamEntry:
     ep_names: tuple[str, ...] = () # expert parameter under EP: its global name on each expert-parallel rank
 
     @property
+    def full_numel(self) -> int:
+        return sum(_numel(s) for _, s in self.hf)
+
+    @property
     def full_bytes(self) -> int:
-        return sum(_numel(s) for _, s in self.hf) * torch.empty((), dtype=self.dtype).element_size()
+        return self.full_numel * self.dtype.itemsize
 
 
 @dataclass

@@ -45,8 +45,7 @@ def _pad_rows(batch: Batch, multiple: int) -> Batch:
         return batch
     idx = list(range(len(batch))) + [len(batch) - 1] * extra
     padded = batch.select(idx)
-    for key in ("response_mask",):
-        padded.tensors[key][len(batch):] = 0
+    padded.tensors["response_mask"][len(batch):] = 0
     return padded
 
 
@@ -113,8 +112,8 @@ class MegatronActor:
                 pass
 
     def num_parameters(self) -> int:
-        return sum(e.full_bytes // torch.empty((), dtype=e.dtype).element_size() for b in self.resharder.buckets
-                   for e in b.entries)
+        """Parameters of the whole model (all shards, all stages), as the HF checkpoint counts them."""
+        return sum(e.full_numel for b in self.resharder.buckets for e in b.entries)
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""

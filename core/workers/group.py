@@ -78,9 +78,10 @@ class WorkerGroup:
 
         return ray.get([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)])
 
-    def _by_dp(self, batch: Batch) -> tuple[list[Batch], list[tuple]]:
+    def _by_dp(self, batch: Batch) -> list[tuple]:
+        """Each worker's arguments: its data-parallel share of ``batch``."""
         shares = [batch.select(r) for r in _shares(len(batch), self.dp_size)]
-        return shares, [(shares[c.dp_rank],) for c in self.coords]
+        return [(shares[c.dp_rank],) for c in self.coords]
 
     def _reported(self, results: list) -> list:
         """One result per data-parallel rank, in dp order."""
@@ -96,12 +97,12 @@ class WorkerGroup:
         return [g for i in range(self.replicas) for g in by_replica[i]]
 
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        _, args = self._by_dp(batch)
+        args = self._by_dp(batch)
         return torch.cat(self._reported(self.call("logprobs", per_rank=[a + (reference,) for a in args])))
 
     def train_step(self, mini: Batch, on_policy: bool) -> dict[str, float]:
         tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
-        _, args = self._by_dp(mini)
+        args = self._by_dp(mini)
         reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, on_policy) for a in args]))
         return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
 

@@ -31,7 +31,7 @@ class Coords:
     dp_size: int
     rollout_replica: int      # which rollout engine replica (ranks of one replica share an engine TP group)
     rollout_replicas: int
-    reports: bool             # this rank's results speak for its data-parallel group (tp 0, last stage)
+    reports: bool             # this rank's results speak for its data-parallel group (tp 0, cp 0, last stage)
     leads_replica: bool       # this rank's generations speak for its rollout replica
     node: str                 # the Ray node this worker runs on
 
@@ -64,12 +64,12 @@ class ActorRolloutWorker:
             model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
             distributed=world_size > 1)
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=True, offload=cfg.actor.offload)
-        tp0, last = mpu.get_tensor_model_parallel_rank() == 0, mpu.is_pipeline_last_stage()
-        tp0 = tp0 and mpu.get_context_parallel_rank() == 0
+        reports = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+                   and mpu.is_pipeline_last_stage())
         self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(),
                              dp_size=mpu.get_data_parallel_world_size(),
                              rollout_replica=rank // cfg.rollout.tp, rollout_replicas=world_size // cfg.rollout.tp,
-                             reports=tp0 and last, leads_replica=rank % cfg.rollout.tp == 0,
+                             reports=reports, leads_replica=rank % cfg.rollout.tp == 0,
                              node=_node())
 
     # --- rollout -------------------------------------------------------------------------------------------------
