@@ -3,11 +3,13 @@
     python bench/weight_sync.py [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
 
 For each layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a vLLM engine
-(rollout TP=1, external launcher) and pushes the weights three times. Printed per layout (worst rank):
-seconds per sync (median), bytes moved into each engine, collective calls per sync, buckets, peak extra resident
-memory during a sync, and two floors measured in the same run on the same rank: a plain copy of the model's HF
-tensors into preallocated buffers, and the engine ingesting the same full HF tensors already in memory
-(``update_weights`` with no conversion or communication). Goal: sync <= 1.3x the engine floor.
+(rollout TP=1, external launcher) and pushes the weights three times. Printed per layout (worst rank): seconds per
+sync (median) with the default transport (shared memory between ranks on one host) and, as a peer in the same run,
+with gloo collectives ("gloo s"); bytes moved into each engine; calls per sync (collectives, or with shared memory
+the barriers); buckets; peak extra resident memory during a sync; and two floors measured in the same run on the
+same rank: a plain copy of the model's HF tensors into preallocated buffers, and the engine ingesting the same full
+HF tensors already in memory (``update_weights`` with no conversion or communication). Goal: sync <= 1.3x the
+engine floor.
 "peak extra MB" is the resident-memory rise during a sync; "engine own MB" the rise during the engine-floor ingest
 (the engine's own re-materialisation), so the sync's own extra memory is roughly the difference.
 """
@@ -101,7 +103,9 @@ def rank_main(args) -> None:
     hf_config = read_hf_config(args.ckpt)
     model, converter = build_gpt(QWEN3, hf_config, args.dtype)
     load_hf_into(model, converter, read_hf_weights(args.ckpt))
-    resharder = Resharder(model, converter, bucket_bytes=int(args.bucket_mb * (1 << 20)))
+    bucket_bytes = int(args.bucket_mb * (1 << 20))
+    resharder = Resharder(model, converter, bucket_bytes)                          # auto: shared memory on one host
+    peer = Resharder(model, converter, bucket_bytes, transport="collectives") if world > 1 else None
     cfg = load_config("quickstart", ["rollout.kv_cache_gib=0.25"]).rollout
     rollout = VLLMRollout(args.ckpt, cfg, max_model_len=256, distributed=world > 1)
     counted = {}
@@ -112,15 +116,22 @@ def rank_main(args) -> None:
             counted["bytes"] += t.numel() * t.element_size()
             yield name, t
 
+    def timed_syncs(source) -> tuple[float, int]:
+        """Median seconds of 3 syncs and the largest resident-memory rise during one."""
+        syncs, peaks = [], []
+        for _ in range(3):
+            torch.distributed.barrier()
+            with PeakRss() as mem:
+                start = time.perf_counter()
+                rollout.update_weights(counting(source.stream()))
+                syncs.append(time.perf_counter() - start)
+            peaks.append(mem.extra)
+        return statistics.median(syncs), max(peaks)
+
     rollout.update_weights(resharder.stream())   # warm-up: the first load into a fresh engine is 2-3x slower
-    syncs, peaks = [], []
-    for _ in range(3):
-        torch.distributed.barrier()
-        with PeakRss() as mem:
-            start = time.perf_counter()
-            rollout.update_weights(counting(resharder.stream()))
-            syncs.append(time.perf_counter() - start)
-        peaks.append(mem.extra)
+    sync_s, peak = timed_syncs(resharder)
+    collectives = resharder.counters.collectives
+    peer_s = timed_syncs(peer)[0] if peer else float("nan")
     full = [(n, t.clone()) for n, t in resharder.stream()]       # the same tensors, fully in memory
     largest = max(t.numel() * t.element_size() for _, t in full)
     dest = [torch.empty_like(t) for _, t in full]
@@ -139,9 +150,9 @@ def rank_main(args) -> None:
             rollout.update_weights(iter(full))
             ingests.append(time.perf_counter() - start)
         ingest_peaks.append(mem.extra)
-    result = dict(rank=torch.distributed.get_rank(), sync_s=statistics.median(syncs), bytes=counted["bytes"],
-                  collectives=resharder.counters.collectives, buckets=len(resharder.buckets),
-                  peak_extra_bytes=max(peaks), ingest_peak_extra_bytes=max(ingest_peaks), bucket_bytes=resharder.counters.peak_bucket_bytes,
+    result = dict(rank=torch.distributed.get_rank(), sync_s=sync_s, peer_s=peer_s, bytes=counted["bytes"],
+                  collectives=collectives, buckets=len(resharder.buckets), peak_extra_bytes=peak,
+                  ingest_peak_extra_bytes=max(ingest_peaks), bucket_bytes=resharder.counters.peak_bucket_bytes,
                   largest_tensor_bytes=largest, copy_s=min(copies), ingest_s=statistics.median(ingests))
     with open(os.path.join(args.out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
@@ -165,8 +176,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
         make_checkpoint(ckpt, args.dtype)
         params = None
-        print(f"{'layout':<8} {'sync s':>7} {'MB moved':>9} {'collectives':>11} {'buckets':>7} {'peak extra MB':>13} "
-              f"{'engine own MB':>13} {'bucket+largest MB':>17} {'copy s':>7} {'ingest s':>8} {'sync/ingest':>11} {'sync/copy':>9}")
+        columns = ["layout", "sync s", "gloo s", "MB moved", "collectives", "buckets", "peak extra MB",
+                   "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest", "sync/copy"]
+        print(" ".join(f"{c:>{max(len(c), 7)}}" for c in columns))
         for layout in args.layouts.split(","):
             world = LAYOUTS[layout][0]
             with tempfile.TemporaryDirectory() as out:
@@ -181,14 +193,16 @@ def main() -> int:
             worst = max(ranks, key=lambda r: r["sync_s"])
             params = worst["bytes"] // (4 if args.dtype == "float32" else 2)
             mb = 1 << 20
-            print(f"{layout:<8} {worst['sync_s']:>7.2f} {worst['bytes'] / mb:>9.0f} {worst['collectives']:>11} "
-                  f"{worst['buckets']:>7} {max(r['peak_extra_bytes'] for r in ranks) / mb:>13.0f} "
-                  f"{max(r['ingest_peak_extra_bytes'] for r in ranks) / mb:>13.0f} "
-                  f"{(worst['bucket_bytes'] + worst['largest_tensor_bytes']) / mb:>17.0f} {worst['copy_s']:>7.2f} "
-                  f"{worst['ingest_s']:>8.2f} {worst['sync_s'] / worst['ingest_s']:>11.2f} "
-                  f"{worst['sync_s'] / worst['copy_s']:>9.1f}")
+            row = [layout, f"{worst['sync_s']:.2f}", f"{worst['peer_s']:.2f}", f"{worst['bytes'] / mb:.0f}",
+                   worst["collectives"], worst["buckets"], f"{max(r['peak_extra_bytes'] for r in ranks) / mb:.0f}",
+                   f"{max(r['ingest_peak_extra_bytes'] for r in ranks) / mb:.0f}",
+                   f"{(worst['bucket_bytes'] + worst['largest_tensor_bytes']) / mb:.0f}", f"{worst['copy_s']:.2f}",
+                   f"{worst['ingest_s']:.2f}", f"{worst['sync_s'] / worst['ingest_s']:.2f}",
+                   f"{worst['sync_s'] / worst['copy_s']:.1f}"]
+            print(" ".join(f"{v:>{max(len(c), 7)}}" for c, v in zip(columns, row)))
         if params:
-            print(f"model: {params / 1e6:.0f}M parameters ({args.dtype}), bucket {args.bucket_mb} MB, rollout TP=1 per rank")
+            print(f"model: {params / 1e6:.0f}M parameters ({args.dtype}), bucket {args.bucket_mb} MB, "
+                  "rollout TP=1 per rank")
     return 0
 
 

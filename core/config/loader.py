@@ -84,6 +84,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("actor.parallel.pp", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
+    ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),

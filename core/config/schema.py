@@ -92,6 +92,8 @@ class RolloutConfig:
     kv_cache_gib: float = 0.25    # KV cache reserved by the engine (CPU engines cannot release it)
     tp: int = 1                   # rollout tensor parallel size (independent of training's); divides world_size
     sync_bucket_mb: float = 256   # weight sync moves full tensors in buckets of at most this many MB
+    sync_transport: str = "auto"  # auto | shm | collectives: how ranks exchange shards during a sync (auto: shared
+                                  # memory between CPU ranks on one host, torch.distributed collectives otherwise)
 
 
 @dataclass

@@ -3,10 +3,14 @@
 Every rank of every stage walks the same global plan (all parameters of all pipeline stages, in a fixed order),
 cut into buckets of at most ``bucket_bytes`` of full (unsharded) tensors. Per bucket:
 
-1. the owning pipeline stage gathers its TP shards with **one** all-gather of a flat buffer over the TP group;
+1. the owning pipeline stage gathers its TP shards (or, for experts, the EP group's experts) with **one** gather of a
+   flat buffer over the group;
 2. the model plugin's rules turn the Megatron tensors into HF-named full tensors;
 3. with PP > 1, the owning stage sends them to the other stages with **one** broadcast of a flat buffer over the
    pipeline group.
+
+Gathers and broadcasts go through ``rlcore.engine.transport``: shared memory between CPU ranks on one host,
+torch.distributed collectives otherwise.
 
 The result is a generator of (HF name, full tensor) that the rollout engine consumes as it loads; the collectives
 happen lazily as buckets are pulled, in the same order on every rank. No rank ever holds more than one bucket.
@@ -21,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
+from rlcore.engine.transport import make_exchange
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
@@ -39,6 +44,10 @@ class ParamEntry:
     @property
     def full_numel(self) -> int:
         return sum(_numel(s) for _, s in self.hf)
+
+    @property
+    def local_bytes(self) -> int:
+        return _numel(self.local_shape) * self.dtype.itemsize
 
     @property
     def full_bytes(self) -> int:
@@ -91,15 +100,16 @@ def is_expert(param: torch.Tensor) -> bool:
 class Resharder:
     """Built once per model; ``stream()`` yields the full HF weights for the rollout engine on every rank."""
 
-    def __init__(self, model: torch.nn.Module, converter: WeightConverter, bucket_bytes: int = 256 << 20):
+    def __init__(self, model: torch.nn.Module, converter: WeightConverter, bucket_bytes: int = 256 << 20,
+                 transport: str = "auto"):
         from megatron.core import parallel_state as mpu
 
         self.model, self.converter, self.bucket_bytes = model, converter, bucket_bytes
-        self.tp_group, self.tp_size = mpu.get_tensor_model_parallel_group(), mpu.get_tensor_model_parallel_world_size()
+        self.tp_size, self.tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
         self.pp_group = mpu.get_pipeline_model_parallel_group()
         self.pp_size = mpu.get_pipeline_model_parallel_world_size()
         self.stage = mpu.get_pipeline_model_parallel_rank()
-        self.ep_group, self.ep_size = mpu.get_expert_model_parallel_group(), mpu.get_expert_model_parallel_world_size()
+        self.ep_size, self.ep_rank = mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank()
         self.local: dict[str, torch.Tensor] = {}
         entries = []
         for local_name, param in model.named_parameters():
@@ -114,6 +124,13 @@ class Resharder:
             entries = [e for stage_entries in per_stage for e in stage_entries]
         self.buckets = self._cut(entries)
         self.counters = SyncCounters()
+        own = [b for b in self.buckets if b.stage == self.stage]   # exchange capacities: the largest bucket's piece
+        tp_bytes = max([sum(e.local_bytes for e in b.entries if e.tp_sharded) for b in own], default=0)
+        ep_bytes = max([sum(e.local_bytes for e in b.entries) for b in own if b.entries[0].ep_names], default=0)
+        pp_bytes = max(b.full_bytes for b in self.buckets)
+        self.tp = make_exchange(mpu.get_tensor_model_parallel_group(), tp_bytes, transport)
+        self.ep = make_exchange(mpu.get_expert_model_parallel_group(), ep_bytes, transport)
+        self.pp = make_exchange(self.pp_group, pp_bytes, transport)
 
     def _entry(self, name: str, param: torch.Tensor, ep_names: tuple[str, ...]) -> ParamEntry:
         sharded = self.tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)
@@ -139,64 +156,56 @@ class Resharder:
 
     # --- the per-bucket pipeline ------------------------------------------------------------------------------
     def _gathered_experts(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-        """Every expert-parallel rank holds other experts under the same local names: one all-gather over the
-        EP group, then each rank's piece is converted under that rank's global expert names."""
+        """Every expert-parallel rank holds other experts under the same local names: one gather over the EP group,
+        then each rank's piece is converted under that rank's global expert names."""
         params = [self.local[e.name].detach() for e in bucket.entries]
-        flat = torch.cat([p.reshape(-1) for p in params])
-        out = torch.empty(self.ep_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        dist.all_gather_into_tensor(out, flat, group=self.ep_group)
-        self.counters.collectives += 1
-        pieces = out.view(self.ep_size, -1)
+        pieces = self.ep.gather(params)
         tensors: list[tuple[str, torch.Tensor]] = []   # in ParamEntry.hf order: parameter-major, then EP rank
         offset = 0
         for p, e in zip(params, bucket.entries):
             for rank in range(self.ep_size):
-                tensors.extend(self.converter.to_hf(e.ep_names[rank], [pieces[rank, offset: offset + p.numel()]
-                                                                       .view(p.shape)]))
+                shard = p if rank == self.ep_rank else pieces[rank][offset: offset + p.numel()].view(p.shape)
+                tensors.extend((n, self.ep.detach(t)) for n, t in self.converter.to_hf(e.ep_names[rank], [shard]))
             offset += p.numel()
+        self.ep.release()
         return tensors
 
     def _gathered(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-        """On the owning stage: full HF tensors of the bucket (one TP all-gather)."""
+        """On the owning stage: full HF tensors of the bucket (one gather over the TP group)."""
         if bucket.entries[0].ep_names:
             return self._gathered_experts(bucket)
         params = [self.local[e.name].detach() for e in bucket.entries]
         sharded = [p for p, e in zip(params, bucket.entries) if e.tp_sharded]
         shards_of: dict[int, list[torch.Tensor]] = {}
         if sharded:
-            flat = torch.cat([p.reshape(-1) for p in sharded])
-            out = torch.empty(self.tp_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-            dist.all_gather_into_tensor(out, flat, group=self.tp_group)
-            self.counters.collectives += 1
-            per_rank = out.view(self.tp_size, -1)
+            pieces = self.tp.gather(sharded)
             offset = 0
             for p in sharded:
                 n = p.numel()
-                shards_of[id(p)] = [per_rank[r, offset: offset + n].view(p.shape) for r in range(self.tp_size)]
+                shards_of[id(p)] = [p if r == self.tp_rank else pieces[r][offset: offset + n].view(p.shape)
+                                    for r in range(self.tp_size)]
                 offset += n
-        tensors: list[tuple[str, torch.Tensor]] = []
-        for p, e in zip(params, bucket.entries):
-            tensors.extend(self.converter.to_hf(e.name, shards_of.get(id(p), [p])))
+        tensors = [(n, t) for p, e in zip(params, bucket.entries)
+                   for n, t in self.converter.to_hf(e.name, shards_of.get(id(p), [p]))]
+        if sharded:   # keep nothing that aliases the exchange past its release
+            tensors = [(n, self.tp.detach(t)) for n, t in tensors]
+            self.tp.release()
         return tensors
 
     def _broadcast(self, bucket: Bucket, tensors: list[tuple[str, torch.Tensor]] | None):
         """Across pipeline stages: one broadcast of the bucket's HF tensors from the owning stage."""
         names_shapes = [hs for e in bucket.entries for hs in e.hf]
-        dtype = bucket.entries[0].dtype
         total = sum(_numel(s) for _, s in names_shapes)
-        if tensors is not None:
-            flat = torch.cat([t.reshape(-1) for _, t in tensors])
-        else:
-            flat = torch.empty(total, dtype=dtype)
-        src = dist.get_global_rank(self.pp_group, bucket.stage)
-        dist.broadcast(flat, src=src, group=self.pp_group)
-        self.counters.collectives += 1
-        out, offset = [], 0
-        for name, shape in names_shapes:
-            n = _numel(shape)
-            out.append((name, flat[offset: offset + n].view(shape)))
-            offset += n
-        return out
+        flat = self.pp.broadcast(None if tensors is None else [t for _, t in tensors], total,
+                                 bucket.entries[0].dtype, src=bucket.stage)
+        if tensors is None:   # the owning stage keeps its own tensors; the others copy theirs out of the exchange
+            tensors, offset = [], 0
+            for name, shape in names_shapes:
+                n = _numel(shape)
+                tensors.append((name, self.pp.detach(flat[offset: offset + n].view(shape))))
+                offset += n
+        self.pp.release()
+        return tensors
 
     def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
         tensors = self._gathered(bucket) if bucket.stage == self.stage else None
@@ -210,6 +219,9 @@ class Resharder:
         """Yield every HF tensor, one bucket materialised at a time (peak extra memory: a bucket + its largest
         tensor's conversion). A helper thread prefetching the next bucket was measured on CPU/gloo and gave
         nothing (8.2 s either way at TP2: gloo's loopback bandwidth bounds it), so buckets are produced inline."""
+        exchanges = [x for x in (self.tp, self.ep, self.pp) if x is not None]
+        calls_before = sum(x.calls for x in exchanges)
         self.counters = SyncCounters()
         for bucket in self.buckets:
             yield from self._bucket_tensors(bucket)
+            self.counters.collectives = sum(x.calls for x in exchanges) - calls_before

@@ -68,7 +68,8 @@ def _select_columns(batch: Batch, index: torch.Tensor) -> Batch:
 
 class MegatronActor:
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
-                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20):
+                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20,
+                 sync_transport: str = "auto"):
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
@@ -87,7 +88,7 @@ class MegatronActor:
         self.optimizer = optimizer.build([self.ddp], cfg.optim)
         self.reference = None
         self._offloaded: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.resharder = Resharder(self.model, self.converter, bucket_bytes)
+        self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
         self.pp_group = mpu.get_pipeline_model_parallel_group()

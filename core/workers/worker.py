@@ -57,7 +57,8 @@ class ActorRolloutWorker:
         hf_config = read_hf_config(model_path)
         self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
                                    reg.get("optimizers", cfg.actor.optim.name), hf_state=read_hf_weights(model_path),
-                                   seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)))
+                                   seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)),
+                                   sync_transport=cfg.rollout.sync_transport)
         if self.algorithm.needs_reference(self.algo_cfg):
             self.actor.freeze_reference()
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
