@@ -13,7 +13,8 @@ class ModelSpec:
     """A model family. ``hf_config`` is the parsed ``config.json`` of an HF checkpoint (a plain dict).
 
     transformer_config(hf_config, **overrides) -> megatron TransformerConfig
-    layer_spec(transformer_config) -> megatron ModuleSpec for one decoder layer
+    layer_spec(transformer_config) -> megatron ModuleSpec for one decoder layer, or a TransformerBlockSubmodules
+        (this pipeline stage's layer specs) for models whose layers differ, such as leading dense layers before MoE
     gpt_kwargs(hf_config) -> extra GPTModel arguments (vocab size, RoPE base, tied embeddings, ...)
     weight_rules(transformer_config, hf_config) -> list of ``rlcore.convert`` rules (Megatron <-> HF)
     tiny_hf_config(vocab_size, **sizes) -> an HF config dict for built-in tiny models (tests, quickstart)

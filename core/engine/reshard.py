@@ -92,6 +92,16 @@ def global_name(model: torch.nn.Module, local_name: str, ep_rank: int | None = N
     return name
 
 
+def named_weights(model: torch.nn.Module, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
+    """(local name, tensor) of everything the HF checkpoint holds: the parameters, and the buffers that the model
+    plugin's rules name: state kept outside the optimizer, such as a MoE router's expert bias (aux-loss-free load
+    balancing), which megatron-core registers as a buffer."""
+    yield from model.named_parameters()
+    for name, buffer in model.named_buffers():
+        if global_name(model, name) in converter.by_megatron:
+            yield name, buffer
+
+
 def is_expert(param: torch.Tensor) -> bool:
     """Megatron marks expert parameters (sharded over the expert-parallel group) with allreduce=False."""
     return getattr(param, "allreduce", True) is False
@@ -112,7 +122,7 @@ class Resharder:
         self.ep_size, self.ep_rank = mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank()
         self.local: dict[str, torch.Tensor] = {}
         entries = []
-        for local_name, param in model.named_parameters():
+        for local_name, param in named_weights(model, converter):
             expert = self.ep_size > 1 and is_expert(param)
             ep_names = tuple(global_name(model, local_name, r) for r in range(self.ep_size)) if expert else ()
             name = ep_names[0] if expert else global_name(model, local_name)

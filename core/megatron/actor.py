@@ -200,13 +200,13 @@ class MegatronActor:
         return results, outputs
 
     def _cp_index(self, length: int) -> torch.Tensor:
-        from rlcore.megatron.compat import zigzag_positions
+        from rlcore.megatron.attention import zigzag_positions
 
         return zigzag_positions(self.cp_group.rank(), self.cp_size, length // (2 * self.cp_size))
 
     def _cp_gather(self, local: torch.Tensor) -> torch.Tensor:
         """Per-token values of this rank's chunks -> the whole sequence, on every CP rank."""
-        from rlcore.megatron.compat import zigzag_positions
+        from rlcore.megatron.attention import zigzag_positions
 
         pieces = [torch.empty_like(local) for _ in range(self.cp_size)]
         dist.all_gather(pieces, local.contiguous(), group=self.cp_group)

@@ -157,13 +157,14 @@ def rng_tracker_on_cpu_generator():
 @_shim("dense")
 def cuda_allocations_on_cpu():
     """Buffers that megatron-core allocates with device="cuda" / torch.cuda.current_device(): the schedules' token
-    counter, RoPE inv_freq, the global memory buffer, the default causal mask, pipeline p2p receive buffers, TP
-    mapping buffers and GPU-path weight init, the DDP param/grad buffers and the optimizer's found-inf / norm
-    tensors."""
+    counter, RoPE inv_freq (plain, and YaRN's as multi-latent attention uses it), the global memory buffer, the
+    default causal mask, pipeline p2p receive buffers, TP mapping buffers and GPU-path weight init, the DDP
+    param/grad buffers and the optimizer's found-inf / norm tensors."""
     _cpu_torch_in(
         "megatron.core.pipeline_parallel.schedules",
         "megatron.core.pipeline_parallel.p2p_communication",
         "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
         "megatron.core.utils",
         "megatron.core.transformer.utils",
         "megatron.core.tensor_parallel.mappings",

@@ -61,9 +61,9 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
 def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: dict[str, torch.Tensor]) -> None:
     from megatron.core import parallel_state as mpu
 
-    from rlcore.engine.reshard import global_name, is_expert
+    from rlcore.engine.reshard import global_name, is_expert, named_weights
 
-    params = {global_name(model, n): p for n, p in model.named_parameters()}
+    params = {global_name(model, n): p for n, p in named_weights(model, converter)}
     experts = {n: p for n, p in params.items() if is_expert(p)}     # whole experts: not split over TP
     dense = {n: p for n, p in params.items() if n not in experts}
     tensors = [*converter.megatron_from_hf(hf_state, dense.items(), mpu.get_tensor_model_parallel_rank(),

@@ -116,15 +116,20 @@ class ActorRolloutWorker:
         return metrics
 
     def fingerprint(self) -> dict:
-        """Sums of this rank's parameters, split into TP-sharded and TP-replicated ones: data-parallel replicas must
-        agree on both, tensor-parallel ranks on the replicated ones (a missing grad all-reduce shows here)."""
+        """Sums of this rank's parameters, split into MoE experts, TP-sharded and replicated ones: data-parallel
+        replicas holding the same shard must agree on all three, the ranks of a pipeline stage on the replicated
+        ones (a missing grad all-reduce shows here)."""
         from megatron.core import parallel_state as mpu
 
-        sums = {"sharded": 0.0, "replicated": 0.0}
+        from rlcore.engine.reshard import is_expert
+
+        sums = {"experts": 0.0, "sharded": 0.0, "replicated": 0.0}
         for p in self.actor.model.parameters():
-            key = "sharded" if getattr(p, "tensor_model_parallel", False) else "replicated"
+            key = ("experts" if is_expert(p) else "sharded" if getattr(p, "tensor_model_parallel", False)
+                   else "replicated")
             sums[key] += float(p.detach().double().sum())
-        return dict(tp=mpu.get_tensor_model_parallel_rank(), pp=mpu.get_pipeline_model_parallel_rank(), **sums)
+        return dict(tp=mpu.get_tensor_model_parallel_rank(), pp=mpu.get_pipeline_model_parallel_rank(),
+                    ep=mpu.get_expert_model_parallel_rank(), **sums)
 
     def export_hf(self, directory: str) -> None:
         self.actor.save_hf(directory)

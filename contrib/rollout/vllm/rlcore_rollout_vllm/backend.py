@@ -28,6 +28,10 @@ class VLLMRollout(RolloutBackend):
                        **(dict(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
                           if distributed else {}))
         self.seed = seed
+        if not torch.cuda.is_available():
+            from rlcore_rollout_vllm.cpu_moe_reload import repack_moe_on_reload
+
+            repack_moe_on_reload(self._worker().get_model())
 
     def _worker(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker

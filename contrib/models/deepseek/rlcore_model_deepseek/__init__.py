@@ -1,0 +1,1 @@
+"""rlcore model plugin for DeepSeek-V3 and Moonlight."""
