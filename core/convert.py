@@ -123,7 +123,7 @@ class WeightConverter:
 
     def rule(self, megatron_name: str):
         try:
-            return self.by_megatron[megatron_name]
+            return self.by_megatron[_local_name(megatron_name)]
         except KeyError:
             raise KeyError(f"no weight rule maps the Megatron parameter {megatron_name!r}; the model plugin's "
                            f"weight_rules must cover every parameter") from None
@@ -143,6 +143,25 @@ class WeightConverter:
             if missing:
                 raise KeyError(f"HF checkpoint lacks {missing} needed for Megatron parameter {name!r}")
             yield name, rule.from_hf(hf, self.layout, tp_rank, tp_size, param.shape)
+
+
+# TransformerEngine's layer specs fuse a norm into the linear layer after it; its weight then lives on that layer.
+# Rules are written against megatron-core's local spec, so TE names are looked up under their local equivalents.
+_TE_FUSED_NORMS = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_q_down_proj.layer_norm_weight": "input_layernorm.weight",   # MLA with query compression
+    "self_attention.linear_q_proj.layer_norm_weight": "input_layernorm.weight",        # MLA without
+    "self_attention.linear_q_up_proj.layer_norm_weight": "self_attention.q_layernorm.weight",
+    "self_attention.linear_kv_up_proj.layer_norm_weight": "self_attention.kv_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+}
+
+
+def _local_name(megatron_name: str) -> str:
+    head, _, tail = megatron_name.partition(".layers.")
+    layer, _, rest = tail.partition(".")
+    local = _TE_FUSED_NORMS.get(rest)
+    return f"{head}.layers.{layer}.{local}" if local else megatron_name
 
 
 def _bind(rule, layer: int | None, expert: int | None = None):

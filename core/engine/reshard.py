@@ -103,8 +103,9 @@ def named_weights(model: torch.nn.Module, converter: WeightConverter) -> Iterato
 
 
 def is_expert(param: torch.Tensor) -> bool:
-    """Megatron marks expert parameters (sharded over the expert-parallel group) with allreduce=False."""
-    return getattr(param, "allreduce", True) is False
+    """A parameter of a MoE expert: whole on its rank, never split over TP (expert TP is 1). Megatron marks them
+    with allreduce=False only under expert parallelism; ``build_gpt`` tags them at every layout (``rlcore_expert``)."""
+    return getattr(param, "rlcore_expert", False) or getattr(param, "allreduce", True) is False
 
 
 class Resharder:

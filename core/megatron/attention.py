@@ -39,7 +39,8 @@ class SDPAttention(torch.nn.Module):
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None, cp_comm_type=None,
-                 pg_collection=None):
+                 pg_collection=None, k_channels: int | None = None, v_channels: int | None = None):
+        # k_channels / v_channels: MLA passes its head sizes (TE's signature); SDPA reads them off the tensors
         super().__init__()
         from megatron.core.transformer.enums import AttnMaskType
 
@@ -94,7 +95,7 @@ def gpt_layer_spec(num_experts: int | None = None, qk_layernorm: bool = False, m
     with fused (SDPA) core attention."""
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if have_transformer_engine():
+    if have_transformer_engine():   # its fused norm names are mapped by rlcore.convert (_TE_FUSED_NORMS)
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts, moe_grouped_gemm, qk_layernorm, multi_latent_attention)
     return with_sdpa(gpt_layer_specs.get_gpt_layer_local_spec(

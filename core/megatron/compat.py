@@ -10,6 +10,7 @@ def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
     if not have_transformer_engine():
         sequence_parallel_torch_norms()
+        multi_latent_attention_without_transformer_engine()
 
 
 def define_te_general_gemm_without_transformer_engine() -> None:
@@ -47,3 +48,11 @@ def sequence_parallel_torch_norms() -> None:
 
     torch_norm.WrappedTorchNorm.__new__ = __new__
     torch_norm.WrappedTorchNorm._rlcore_sp = True
+
+
+def multi_latent_attention_without_transformer_engine() -> None:
+    """megatron-core 0.16.1's MLA module sets ``HAVE_TE`` when its TE extension imports, which it does without TE
+    (as mock classes); MLA's constructor then calls ``isinstance(linear_proj, <mock>)`` and raises TypeError."""
+    from megatron.core.transformer import multi_latent_attention
+
+    multi_latent_attention.HAVE_TE = False

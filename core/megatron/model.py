@@ -51,6 +51,10 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
     config = spec.transformer_config(hf_config, **overrides)
     model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
                      post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
+    for module in model.modules():   # expert layers know they are; their parameters say so only when EP > 1
+        if getattr(module, "is_expert", False):
+            for param in module.parameters(recurse=False):
+                param.rlcore_expert = True
     layout = Layout(num_heads=config.num_attention_heads, num_query_groups=config.num_query_groups,
                     head_dim=config.kv_channels, vocab_size=hf_config["vocab_size"])
     converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout,

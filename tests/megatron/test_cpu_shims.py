@@ -1,6 +1,6 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence
-parallelism); with all of them, every case trains. Each case runs
+it (dense, MoE, DeepSeek-V3's multi-latent attention; over 2 processes: MoE with expert parallelism, context
+parallelism, TP with sequence parallelism); with all of them, every case trains. Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
 import os
 import subprocess
@@ -24,9 +24,10 @@ SCRIPT = textwrap.dedent("""
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
+    from rlcore_model_deepseek.plugin import DEEPSEEK_V3
     from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
-    spec = QWEN3_MOE if case.startswith("moe") else QWEN3
+    spec = DEEPSEEK_V3 if case == "mla" else QWEN3_MOE if case.startswith("moe") else QWEN3
     hf = spec.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
     parallel = ParallelConfig(ep=2 if case == "moe-ep2" else 1, cp=2 if case == "cp2" else 1,
@@ -44,6 +45,7 @@ SCRIPT = textwrap.dedent("""
 CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
 CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
+CASES[compat.multi_latent_attention_without_transformer_engine.__name__] = "mla"
 MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 
 
@@ -57,7 +59,7 @@ def run(tmp_path, case, *skip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp"])
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla"])
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from rlcore.convert import FusedGateUp, Rename
 from rlcore.hookspecs import hookimpl
-from rlcore.megatron.attention import SDPAttention, have_transformer_engine
+from rlcore.megatron.attention import have_transformer_engine, with_sdpa
 from rlcore.specs import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,10 @@ def _router(hf: dict) -> dict:
     fixed during RL (update rate 0): balancing on a few RL batches would move the routing away from the policy
     being optimised, and it is exported with the weights either way."""
     topk, groups, group_topk = hf["num_experts_per_tok"], hf["n_group"] or 1, hf["topk_group"] or 1
-    if topk > 1 and not hf.get("norm_topk_prob", True):
-        raise ValueError("DeepSeek-V3 with norm_topk_prob=false is not supported: megatron-core always renormalises "
-                         "the top-k sigmoid scores")
+    if hf.get("norm_topk_prob", True) != (topk > 1):
+        raise ValueError(f"DeepSeek-V3 with norm_topk_prob={hf.get('norm_topk_prob', True)} and num_experts_per_tok="
+                         f"{topk} is not supported: megatron-core renormalises the top-k sigmoid scores exactly when "
+                         f"it picks more than one expert")
     if groups > 1 and topk // group_topk != 2:
         raise ValueError(f"DeepSeek-V3 group-limited routing needs num_experts_per_tok // topk_group == 2 (got "
                          f"{topk} // {group_topk}): HF ranks a group by its top-2 scores, megatron-core by its top "
@@ -61,6 +62,9 @@ def _router(hf: dict) -> dict:
 
 
 def transformer_config(hf: dict, **overrides):
+    """MLA (``q_lora_rank`` None = no query compression) with RMSNorm on the compressed query and KV; the first
+    ``first_k_dense_replace`` layers dense (``moe_layer_freq`` as a per-layer list), the rest MoE with
+    ``n_shared_experts`` folded into one shared-expert MLP, as HF does."""
     from megatron.core.transformer import MLATransformerConfig
 
     if not hf.get("rope_interleave", True) or hf.get("attention_bias") or hf.get("moe_layer_freq", 1) != 1:
@@ -81,28 +85,14 @@ def transformer_config(hf: dict, **overrides):
         **overrides)
 
 
-class MLAttention(SDPAttention):
-    """MLA builds its core attention with TransformerEngine's ``k_channels`` / ``v_channels`` arguments, which
-    megatron-core 0.16.1's local DotProductAttention lacks; SDPA reads the head sizes off the tensors."""
-
-    def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
-        super().__init__(*args, **kwargs)
-
-
 def layer_spec(config):
     """Dense and MoE layers differ, so this is a block spec (the layer specs of this pipeline stage), which GPTModel
-    takes in place of a layer spec: megatron-core's local modules (the names the weight rules use), SDPA attention."""
+    takes in place of a layer spec; without TransformerEngine, megatron-core's local modules with SDPA attention."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.transformer import multi_latent_attention
 
-    if not have_transformer_engine():
-        # megatron-core 0.16.1 sets HAVE_TE when its TE extension module imports, which it does without TE (with
-        # mock classes); MLA then calls isinstance(linear_proj, <mock>) and raises TypeError
-        multi_latent_attention.HAVE_TE = False
-    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-    for layer in spec.layer_specs:
-        layer.submodules.self_attention.submodules.core_attention = MLAttention
-    return spec
+    te = have_transformer_engine()
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm")
+    return spec if te else with_sdpa(spec)
 
 
 def gpt_kwargs(hf: dict) -> dict:

@@ -13,9 +13,9 @@ from rlcore_model_deepseek.plugin import DEEPSEEK_V3, MOONLIGHT
 
 SIZES = dict(vocab_size=48, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=16,
              ffn_hidden_size=96, max_position_embeddings=64)
-# DeepSeek-V3: query compression, 8 experts in 2 groups, YaRN with distinct mscales (a swap would show).
+# DeepSeek-V3: query compression, 8 experts in 2 groups, YaRN with mscale != mscale_all_dim (a swap shows).
 # Moonlight: no query compression, one expert group, plain RoPE.
-CASES = {"deepseek_v3": (DEEPSEEK_V3, dict(yarn_factor=4.0), dict(mscale=0.9, mscale_all_dim=0.7)),
+CASES = {"deepseek_v3": (DEEPSEEK_V3, dict(yarn_factor=4.0), dict(mscale=1.0, mscale_all_dim=0.4)),
          "moonlight": (MOONLIGHT, {}, {})}
 
 
@@ -106,7 +106,8 @@ def test_mtp_layers_are_skipped_with_one_log_line(family, caplog):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(norm_topk_prob=False), "norm_topk_prob"),
+    (dict(norm_topk_prob=False), "norm_topk_prob=False"),
+    (dict(num_experts_per_tok=1, topk_group=1), "num_experts_per_tok=1"),
     (dict(num_experts_per_tok=4), "num_experts_per_tok // topk_group == 2"),
     (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}), "RoPE"),
     (dict(rope_interleave=False), "rope_interleave"),

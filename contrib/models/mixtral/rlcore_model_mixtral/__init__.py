@@ -1,0 +1,1 @@
+"""rlcore model plugin: MixtralForCausalLM."""
