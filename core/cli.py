@@ -35,6 +35,8 @@ def cmd_run(args) -> int:
     source, overrides = _split_args(args.args)
     cfg = load_config(source, overrides)           # config errors surface before anything starts
     plugins = load_plugins(parse_selection(args.plugins))
+    if args.dry_run:
+        return dry_run(cfg, plugins)
     import torch
 
     from rlcore.controller import Trainer
@@ -49,6 +51,18 @@ def cmd_run(args) -> int:
     print(f"held-out greedy accuracy: before RL {before:.3f}, after RL {after:.3f} ({after - before:+.3f})")
     print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json"
           f"{', hf/' if 'export' in summary else ''})")
+    return 0
+
+
+def dry_run(cfg, plugins) -> int:
+    from rlcore.sizing import dry_run as check
+
+    problems, report = check(cfg, plugins.registry.get("models", cfg.model.family))
+    if problems:
+        print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
+              file=sys.stderr)
+        return 2
+    print(report)
     return 0
 
 
@@ -74,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="train: rlcore run [--plugins=a,b] [config.yaml|preset] [key=value ...]")
     run.add_argument("--plugins", help="comma-separated entry points to load (default: every installed one)")
     run.add_argument("--help-config", action="store_true", help="print every config key with its default")
+    run.add_argument("--dry-run", action="store_true", help="check the parallel layout against the model and "
+                     "estimate memory per device and per node; starts nothing, needs no device")
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
     plug = sub.add_parser("plugins", help="list installed plugins and what each registers")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rlcore.config import Config, bind_plugin_section, to_dict
+from rlcore.config import check_runnable_here, Config, bind_plugin_section, to_dict
 from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
@@ -37,6 +37,7 @@ class Trainer:
     """Builds every part from the registry and runs ``cfg.trainer.steps`` RL steps."""
 
     def __init__(self, cfg: Config, plugins: LoadedPlugins):
+        check_runnable_here(cfg)
         self.cfg, self.plugins = cfg, plugins
         reg = plugins.registry
         self.spec = reg.get("models", cfg.model.family)

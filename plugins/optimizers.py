@@ -9,7 +9,8 @@ def build_adam(model_chunks, cfg):
     return get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1,
         adam_beta2=cfg.adam_beta2, adam_eps=cfg.adam_eps, clip_grad=cfg.clip_grad, bf16=bf16,
-        use_distributed_optimizer=True), model_chunks)
+        use_distributed_optimizer=True, optimizer_cpu_offload=cfg.offload_fraction > 0,
+        optimizer_offload_fraction=cfg.offload_fraction), model_chunks)
 
 
 SPECS = [OptimizerSpec("adam", build_adam)]

@@ -45,7 +45,7 @@ def test_missing_model_path(tmp_path):
 
 
 def test_missing_config_file():
-    with pytest.raises(ConfigError, match=r"'nope.yaml' does not exist and is not a preset \(presets: quickstart"):
+    with pytest.raises(ConfigError, match=r"'nope.yaml' does not exist and is not a preset \(presets: .*quickstart"):
         load_config("nope.yaml", [])
 
 
@@ -60,3 +60,22 @@ def test_plugin_section_is_checked_against_the_plugin_dataclass():
     assert bind_plugin_section("algorithm", {"name": "grpo", "kl_coef": 0.5}, GRPOConfig).kl_coef == 0.5
     with pytest.raises(ConfigError, match=r"unknown config key 'algorithm.kl_cof'.*did you mean 'kl_coef'"):
         bind_plugin_section("algorithm", {"name": "grpo", "kl_cof": 0.5}, GRPOConfig)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.ep=2", "actor.parallel.sp=true"],
+     "actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported on CPU"),
+    (["actor.dtype=bfloat16", "actor.optim.offload_fraction=0.5"], "offload_fraction = 0.5 needs GPUs"),
+])
+def test_what_this_cpu_machine_cannot_run_is_refused_before_starting(overrides, expected):
+    """A dry run may plan these for GPUs; a run here refuses them up front."""
+    from rlcore.config import check_runnable_here
+
+    cfg = load_config("quickstart", overrides)
+    with pytest.raises(ConfigError, match=expected):
+        check_runnable_here(cfg)
+
+
+def test_offload_fraction_needs_bf16_parameters():
+    with pytest.raises(ConfigError, match="offload_fraction = 0.5 needs actor.dtype=bfloat16"):
+        load_config("quickstart", ["actor.optim.offload_fraction=0.5"])

@@ -83,6 +83,9 @@ _RULES = [  # (key, predicate, what is allowed)
     ("actor.parallel.tp", lambda v: v >= 1, "an integer >= 1"),
     ("actor.parallel.pp", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
+    ("actor.parallel.last_stage_layers", lambda v: v >= 0, "an integer >= 0 (0 = split layers evenly)"),
+    ("actor.optim.offload_fraction", lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+    ("trainer.devices_per_node", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
@@ -115,12 +118,13 @@ def check_values(cfg: Config) -> None:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp x cp = "
                           f"{tp} x {pp} x {cp}; the data-parallel size is world_size / (tp x pp x cp)")
     ep = cfg.actor.parallel.ep
-    if ep < 1 or (world // (tp * pp)) % ep:
-        raise ConfigError(f"actor.parallel.ep = {ep} must divide world_size / (tp x pp) = {world // (tp * pp)}")
+    if ep < 1 or (world // pp) % ep:   # experts fold over the TP x CP x DP ranks of a pipeline stage
+        raise ConfigError(f"actor.parallel.ep = {ep} must divide world_size / pp = {world // pp}")
     if cfg.actor.parallel.sp and tp == 1:
         raise ConfigError("actor.parallel.sp = true needs actor.parallel.tp > 1 (it splits sequences over TP ranks)")
-    if ep > 1 and tp > 1:
-        raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported yet: use tp=1")
+    if cfg.actor.optim.offload_fraction > 0 and cfg.actor.dtype != "bfloat16":
+        raise ConfigError(f"actor.optim.offload_fraction = {cfg.actor.optim.offload_fraction} needs "
+                          f"actor.dtype=bfloat16 (Megatron's hybrid CPU/GPU optimizer keeps fp32 master weights)")
     if world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
     if cfg.model.path:
@@ -131,6 +135,22 @@ def check_values(cfg: Config) -> None:
                               f"or leave model.path empty to build the task's tiny model")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
+
+
+def check_runnable_here(cfg: Config) -> None:
+    """Limits of this machine rather than of the config (a dry run plans for another machine and skips these)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    p = cfg.actor.parallel
+    if p.ep > 1 and p.tp > 1:
+        raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported on CPU (gloo) yet: "
+                          "use tp=1 here, or run on GPUs")
+    if cfg.actor.optim.offload_fraction > 0:
+        raise ConfigError(f"actor.optim.offload_fraction = {cfg.actor.optim.offload_fraction} needs GPUs "
+                          "(Megatron's hybrid CPU/GPU optimizer); on CPU the optimizer state is in host memory "
+                          "already: use 0")
 
 
 def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:

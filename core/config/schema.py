@@ -32,6 +32,8 @@ class TinyModelConfig:
 class ModelConfig:
     family: str = "qwen3"         # a registered model plugin (see `rlcore plugins`)
     path: str = ""                # HF checkpoint directory; empty = build the tiny model for the task
+    hf_config: str = ""           # sizes for `--dry-run` without a checkpoint: a config.json path, or a bundled
+                                  # name (deepseek-v3, moonlight-16b-a3b, qwen3-235b-a22b, qwen3-30b-a3b)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -53,6 +55,8 @@ class OptimConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
+    offload_fraction: float = 0.0  # share of the optimizer state held and stepped on the CPU (Megatron's hybrid
+                                   # CPU/GPU optimizer; needs actor.dtype=bfloat16)
 
 
 @dataclass
@@ -62,6 +66,8 @@ class ParallelConfig:
     ep: int = 1                   # expert parallel size (MoE models; taken out of the data-parallel ranks)
     cp: int = 1                   # context parallel size: each sequence split over cp ranks
     sp: bool = False              # sequence parallelism inside TP regions (norms, dropout); needs tp > 1
+    last_stage_layers: int = 0    # decoder layers on the last pipeline stage (0 = split evenly); the other stages
+                                  # share the rest evenly (e.g. DeepSeek-V3's 61 layers at pp=16: 15 x 4 + 1)
 
 
 @dataclass
@@ -109,6 +115,7 @@ class TrainerConfig:
     world_size: int = 1           # worker processes (1 = in this process; more = Ray actors)
     ray_address: str = ""         # join this Ray cluster (e.g. 127.0.0.1:6379); empty = start an embedded one
     placement: str = "pack"       # pack: fill one node first; spread: one worker per node in turn
+    devices_per_node: int = 8     # GPUs per node (on CPU: processes); used to size per-node host memory
     prompts_per_step: int = 16
     eval_every: int = 0           # held-out greedy evaluation every N steps (0 = only before and after)
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps

@@ -76,7 +76,8 @@ class MegatronActor:
 
         init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep, cfg.parallel.cp)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
-        self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype, cfg.parallel.sp)
+        self.model, self.converter = build_gpt(spec, hf_config, cfg.dtype, cfg.parallel.sp,
+                                                 cfg.parallel.last_stage_layers)
         if hf_state is not None:
             load_hf_into(self.model, self.converter, hf_state)
         self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
@@ -118,7 +119,8 @@ class MegatronActor:
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
-        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp)
+        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
+                                     self.cfg.parallel.last_stage_layers)
         self.reference.load_state_dict(self.model.state_dict(), strict=False)
         self.reference.requires_grad_(False).eval()
 

@@ -32,23 +32,32 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False):
+def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32", *, tp: int = 1, pp: int = 1,
+                       cp: int = 1, ep: int = 1, sequence_parallel: bool = False, last_stage_layers: int = 0):
+    """The plugin's TransformerConfig for these parallel sizes (Megatron validates them on construction)."""
+    torch_dtype = DTYPES[dtype]
+    overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
+                     use_cpu_initialization=False, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                     context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
+                     expert_tensor_parallel_size=1)
+    if last_stage_layers:
+        overrides["num_layers_in_last_pipeline_stage"] = last_stage_layers
+    if not torch.cuda.is_available():
+        overrides.update(_CPU_OFF)
+    return spec.transformer_config(hf_config, **overrides)
+
+
+def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,
+              last_stage_layers: int = 0):
     """The local (this rank's) GPTModel and the converter bound to it."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
 
-    torch_dtype = DTYPES[dtype]
-    overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
-                     use_cpu_initialization=False,
-                     tensor_model_parallel_size=mpu.get_tensor_model_parallel_world_size(),
-                     pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
-                     context_parallel_size=mpu.get_context_parallel_world_size(),
-                     sequence_parallel=sequence_parallel,
-                     expert_model_parallel_size=mpu.get_expert_model_parallel_world_size(),
-                     expert_tensor_parallel_size=1)
-    if not torch.cuda.is_available():
-        overrides.update(_CPU_OFF)
-    config = spec.transformer_config(hf_config, **overrides)
+    config = transformer_config(spec, hf_config, dtype, tp=mpu.get_tensor_model_parallel_world_size(),
+                                pp=mpu.get_pipeline_model_parallel_world_size(),
+                                cp=mpu.get_context_parallel_world_size(),
+                                ep=mpu.get_expert_model_parallel_world_size(), sequence_parallel=sequence_parallel,
+                                last_stage_layers=last_stage_layers)
     model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
                      post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
     for module in model.modules():   # expert layers know they are; their parameters say so only when EP > 1

@@ -44,3 +44,4 @@ def test_offload_round_trip_frees_storage_and_changes_nothing():
         assert offloaded.train_step(BATCH, loss)["loss"] == expected
     for (n, a), (_, b) in zip(plain.model.named_parameters(), offloaded.model.named_parameters()):
         assert torch.equal(a, b), n
+

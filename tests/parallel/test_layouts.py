@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 LAYOUTS = {
     "tp2": ["trainer.world_size=2", "actor.parallel.tp=2"],
     "pp2": ["trainer.world_size=2", "actor.parallel.pp=2"],
+    "pp2-uneven": ["trainer.world_size=2", "actor.parallel.pp=2", "actor.parallel.last_stage_layers=1"],  # 3 + 1
     "dp2": ["trainer.world_size=2"],
     "tp2-rollout_tp2": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.tp=2"],
     "dp2-rollout_tp2": ["trainer.world_size=2", "rollout.tp=2"],

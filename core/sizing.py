@@ -1,0 +1,184 @@
+"""`rlcore run --dry-run`: check a parallel layout against a model and estimate its memory, without any device.
+
+Sizes come from the model's HF config (``model.path``'s config.json, or ``model.hf_config``: a path or the name of a
+config bundled in ``rlcore.presets/models``), mapped through the model plugin to a Megatron TransformerConfig with
+the run's parallel sizes, so Megatron's own validation runs too. Parameters are counted from that config: MLA or
+grouped-query attention, dense and MoE layers (routed + shared experts), embeddings and output layer.
+
+Memory per device is for model state only — parameters, gradients (fp32 buffers, as the actor's DDP keeps them) and
+Adam's state under the distributed optimizer (fp32 master copy when parameters are bf16, plus two moments) — on the
+busiest pipeline stage. Activations, the rollout engine's weights and KV cache come on top.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+from rlcore.config.schema import Config
+from rlcore.errors import ConfigError
+
+GIB = 1 << 30
+
+
+def read_model_config(cfg: Config) -> dict:
+    if cfg.model.path:
+        path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
+    elif cfg.model.hf_config:
+        bundled = resources.files("rlcore.presets") / "models" / f"{cfg.model.hf_config}.json"
+        path = str(bundled) if bundled.is_file() else os.path.expanduser(cfg.model.hf_config)
+    else:
+        raise ConfigError("--dry-run needs the model's sizes: set model.path (a checkpoint) or model.hf_config (a "
+                          "config.json path, or a bundled name such as deepseek-v3)")
+    if not os.path.isfile(path):
+        raise ConfigError(f"model config {path!r} does not exist (from model.path / model.hf_config)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def layer_problems(num_layers: int, pp: int, last_stage_layers: int) -> list[str]:
+    if pp == 1:
+        return ["actor.parallel.last_stage_layers needs actor.parallel.pp > 1"] if last_stage_layers else []
+    if not last_stage_layers:
+        return [] if num_layers % pp == 0 else [
+            f"{num_layers} layers do not split evenly over actor.parallel.pp = {pp} stages: choose pp dividing "
+            f"{num_layers}, or set actor.parallel.last_stage_layers"]
+    rest = num_layers - last_stage_layers
+    if last_stage_layers >= num_layers or rest % (pp - 1):
+        return [f"actor.parallel.last_stage_layers = {last_stage_layers} leaves {rest} of {num_layers} layers for "
+                f"{pp - 1} stages, which does not divide evenly"]
+    return []
+
+
+def divisibility_problems(config, cfg: Config) -> list[str]:
+    """What each parallel size splits must divide evenly (Megatron asserts some of these only at build time)."""
+    p = cfg.actor.parallel
+    problems = layer_problems(config.num_layers, p.pp, p.last_stage_layers)
+    splits = [("attention heads", config.num_attention_heads, "tp", p.tp),
+              ("FFN width", config.ffn_hidden_size, "tp", p.tp)]
+    if not getattr(config, "multi_latent_attention", False):
+        splits.append(("query groups (KV heads)", config.num_query_groups, "tp", p.tp))
+    if config.num_moe_experts:
+        splits.append(("experts", config.num_moe_experts, "ep", p.ep))
+    problems += [f"{what} = {n} is not divisible by actor.parallel.{key} = {size}" for what, n, key, size in splits
+                 if n % size]
+    return problems
+
+
+def _attention_params(c) -> int:
+    h, n = c.hidden_size, c.num_attention_heads
+    if getattr(c, "multi_latent_attention", False):
+        qk = c.qk_head_dim + c.qk_pos_emb_head_dim
+        query = (h * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * n * qk) if c.q_lora_rank else h * n * qk
+        kv = h * (c.kv_lora_rank + c.qk_pos_emb_head_dim) + c.kv_lora_rank + c.kv_lora_rank * n * (c.qk_head_dim
+                                                                                                    + c.v_head_dim)
+        return query + kv + n * c.v_head_dim * h
+    d = c.kv_channels
+    norms = 2 * d if c.qk_layernorm else 0
+    return h * (n + 2 * c.num_query_groups) * d + n * d * h + norms
+
+
+def _mlp_params(h: int, ffn: int, gated: bool) -> int:
+    return h * ffn * (2 if gated else 1) + ffn * h
+
+
+def _moe_layers(c) -> list[bool]:
+    if not c.num_moe_experts:
+        return [False] * c.num_layers
+    freq = c.moe_layer_freq
+    return [bool(x) for x in freq] if isinstance(freq, list) else [i % freq == 0 for i in range(c.num_layers)]
+
+
+@dataclass
+class StageParams:
+    dense: int      # split over TP (approximately: norms are replicated, and small)
+    experts: int    # split over EP
+
+
+def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int) -> list[StageParams]:
+    """Parameters of each pipeline stage: embedding on the first, final norm and output layer on the last."""
+    h, gated = c.hidden_size, c.gated_linear_unit
+    per_layer = []
+    for moe in _moe_layers(c):
+        dense = _attention_params(c) + 2 * h
+        experts = 0
+        if moe:
+            dense += c.num_moe_experts * h + (c.num_moe_experts if c.moe_router_enable_expert_bias else 0)
+            dense += _mlp_params(h, c.moe_shared_expert_intermediate_size or 0, gated)
+            experts = c.num_moe_experts * _mlp_params(h, c.moe_ffn_hidden_size, gated)
+        else:
+            dense += _mlp_params(h, c.ffn_hidden_size, gated)
+        per_layer.append((dense, experts))
+    counts = [len(per_layer) // pp] * pp
+    if last_stage_layers:
+        counts = [(len(per_layer) - last_stage_layers) // (pp - 1)] * (pp - 1) + [last_stage_layers]
+    stages, start = [], 0
+    for s, n in enumerate(counts):
+        layers = per_layer[start:start + n]
+        start += n
+        dense = sum(d for d, _ in layers) + (vocab_size * h if s == 0 else 0)
+        if s == pp - 1:
+            dense += h + (0 if tied and pp == 1 else vocab_size * h)
+        stages.append(StageParams(dense, sum(e for _, e in layers)))
+    return stages
+
+
+def estimate(c, hf: dict, cfg: Config) -> dict:
+    """Bytes of model state per device (busiest stage) and per node's CPU, with the offload settings applied."""
+    p, world = cfg.actor.parallel, cfg.trainer.world_size
+    dp, expert_dp = world // (p.tp * p.pp * p.cp), world // (p.ep * p.pp)
+    stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers)
+    param_bytes = 2 if cfg.actor.dtype == "bfloat16" else 4
+    adam_bytes = 8 + (4 if param_bytes == 2 else 0)          # two fp32 moments (+ fp32 master copy under bf16)
+    worst = None
+    for s in stages:
+        local = s.dense / p.tp + s.experts / p.ep
+        optim = (s.dense / p.tp / dp + s.experts / p.ep / expert_dp) * adam_bytes
+        row = dict(params=local * param_bytes, grads=local * 4, optimizer=optim)
+        if worst is None or sum(row.values()) > sum(worst.values()):
+            worst = row
+    fraction = cfg.actor.optim.offload_fraction
+    per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"] * (1 - fraction))
+    cpu = worst["optimizer"] * fraction
+    off = cfg.actor.offload           # parked on the host while the rollout engine runs
+    during_rollout = cpu + sum(per_device[k] for k in ("params", "grads", "optimizer") if getattr(off, k))
+    devices_per_node = min(cfg.trainer.devices_per_node, world)
+    return dict(total_params=sum(s.dense + s.experts for s in stages), per_device=per_device,
+                cpu_per_node_training=cpu * devices_per_node, cpu_per_node_rollout=during_rollout * devices_per_node,
+                dp=dp, expert_dp=expert_dp, stages=len(stages))
+
+
+def dry_run(cfg: Config, spec) -> tuple[list[str], str]:
+    """(problems, report). No problems = the layout fits this model (model state only; see the module docstring)."""
+    from rlcore.megatron.model import transformer_config
+
+    hf, p = read_model_config(cfg), cfg.actor.parallel
+    config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
+    problems = divisibility_problems(config, cfg)
+    if not problems:
+        try:   # Megatron's own checks of the layout
+            transformer_config(spec, hf, cfg.actor.dtype, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
+                               sequence_parallel=p.sp, last_stage_layers=p.last_stage_layers)
+        except (ValueError, AssertionError) as e:
+            problems = [f"Megatron refuses this layout for {spec.name}: {e}"]
+    if problems:
+        return problems, ""
+    m = estimate(config, hf, cfg)
+    d = m["per_device"]
+    lines = [
+        f"model      {spec.name}: {m['total_params'] / 1e9:.1f}B parameters, {config.num_layers} layers"
+        + (f", {config.num_moe_experts} experts" if config.num_moe_experts else ""),
+        f"layout     world {cfg.trainer.world_size} = tp {p.tp} x pp {p.pp} x cp {p.cp} x dp {m['dp']}; "
+        f"ep {p.ep} (expert dp {m['expert_dp']}); "
+        + (f"last stage {p.last_stage_layers} layers" if p.last_stage_layers else "layers split evenly"),
+        f"per device params {d['params'] / GIB:.1f} GiB + grads {d['grads'] / GIB:.1f} GiB + optimizer "
+        f"{d['optimizer'] / GIB:.1f} GiB = {sum(d.values()) / GIB:.1f} GiB (busiest stage; activations, rollout "
+        f"weights and KV cache not included)",
+        f"CPU/node   {m['cpu_per_node_training'] / GIB:.0f} GiB while training (optimizer offload fraction "
+        f"{cfg.actor.optim.offload_fraction:g}), {m['cpu_per_node_rollout'] / GIB:.0f} GiB while the rollout "
+        f"runs (actor.offload: params={cfg.actor.offload.params}, grads={cfg.actor.offload.grads}, "
+        f"optimizer={cfg.actor.offload.optimizer}); {min(cfg.trainer.devices_per_node, cfg.trainer.world_size)} "
+        f"devices per node",
+    ]
+    return [], "\n".join(lines)

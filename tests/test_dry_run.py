@@ -1,0 +1,76 @@
+"""`rlcore run --dry-run`: the published large-scale presets fit their models (sizes from bundled HF configs,
+parameter counts as published), broken layouts are refused with the reason, and nothing starts."""
+import subprocess
+import sys
+
+import pytest
+
+from rlcore.config import load_config
+from rlcore.config.loader import preset_names
+from rlcore.plugins import load_plugins
+from rlcore.sizing import dry_run
+
+LARGE = [p for p in preset_names() if p.endswith("gpu")]
+PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16}
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_plugins(["qwen3", "deepseek"]).registry
+
+
+def check(registry, preset, *overrides):
+    cfg = load_config(preset, list(overrides))
+    return dry_run(cfg, registry.get("models", cfg.model.family))
+
+
+def test_there_are_presets_for_every_published_recipe():
+    assert len(LARGE) == 12 and {p.rsplit("-", 1)[0] for p in LARGE} == {
+        "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b"}
+
+
+@pytest.mark.parametrize("preset", LARGE)
+def test_published_presets_fit(registry, preset):
+    problems, report = check(registry, preset)
+    assert not problems, problems
+    billions = float(report.split(": ", 1)[1].split("B parameters")[0])
+    published = next(v for k, v in PUBLISHED_BILLIONS.items() if preset.startswith(k.split("-a")[0]))
+    assert abs(billions - published) / published < 0.02, (billions, published)
+    assert "per device" in report and "CPU/node" in report
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["actor.parallel.pp=8", "actor.parallel.last_stage_layers=0", "trainer.world_size=512"],
+     "61 layers do not split evenly over actor.parallel.pp = 8"),
+    (["actor.parallel.last_stage_layers=2"], "leaves 59 of 61 layers for 11 stages"),
+    (["actor.parallel.ep=3", "trainer.world_size=288"], "experts = 256 is not divisible by actor.parallel.ep = 3"),
+    (["actor.parallel.tp=6", "trainer.world_size=576"], "attention heads = 128 is not divisible by actor.parallel.tp"),
+])
+def test_layouts_that_do_not_fit_are_refused(registry, overrides, expected):
+    problems, _ = check(registry, "deepseek-v3-671b-96gpu", *overrides)
+    assert any(expected in p for p in problems), problems
+
+
+def test_query_groups_must_split_over_tp(registry):
+    problems, _ = check(registry, "qwen3-30b-a3b-8gpu", "actor.parallel.tp=8", "actor.parallel.sp=true",
+                        "actor.parallel.ep=1")
+    assert any("query groups (KV heads) = 4 is not divisible by actor.parallel.tp = 8" in p for p in problems)
+
+
+def test_offloading_the_optimizer_moves_its_memory_to_the_host(registry):
+    _, on_device = check(registry, "qwen3-30b-a3b-8gpu", "actor.optim.offload_fraction=0")
+    _, offloaded = check(registry, "qwen3-30b-a3b-8gpu", "actor.optim.offload_fraction=1")
+    assert "optimizer 0.0 GiB" in offloaded and "optimizer 0.0 GiB" not in on_device
+    assert "CPU/node   0 GiB while training" in on_device and "CPU/node   0 GiB while training" not in offloaded
+
+
+def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "671.0B parameters" in ok.stdout, ok.stderr[-2000:]
+    bad = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu",
+                          "actor.parallel.last_stage_layers=0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "61 layers do not split evenly over actor.parallel.pp = 16" in bad.stderr
+    none = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run"], capture_output=True, text=True,
+                          timeout=120)
+    assert none.returncode == 2 and "needs the model's sizes: set model.path" in none.stderr
