@@ -9,12 +9,13 @@ from contextlib import contextmanager
 
 import torch
 
-from rlcore.config import check_runnable_here, Config, bind_plugin_section, to_dict
+from rlcore.config import Config, bind_plugin_section, check_runnable_here, to_dict
 from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.losses import masked_mean
 from rlcore.plugins import LoadedPlugins
+from rlcore.rewards import RewardComposer, Scores, neutral_fill
 from rlcore.warm_start import prepare_model
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,10 @@ class Trainer:
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
-        self.reward_name = cfg.task.reward or task_spec.default_reward
-        self.reward = reg.get("rewards", self.reward_name)
+        weights = dict(cfg.task.rewards) or {cfg.task.reward or task_spec.default_reward: 1.0}
+        self.rewards = RewardComposer([(reg.get("rewards", n), w) for n, w in weights.items()],
+                                      strict=cfg.task.strict_rewards)
+        self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
         self.workers = None
@@ -92,14 +95,14 @@ class Trainer:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def score(self, texts: list[str], meta: list[dict]) -> list[float]:
-        try:
-            out = self.reward.fn(texts, meta)
-        except Exception as e:
-            raise RlcoreError(f"reward {self.reward_name!r} raised {type(e).__name__}: {e}") from e
-        if isinstance(out, dict):  # named components: the total is their sum
-            out = [sum(v) for v in zip(*out.values())]
-        return [float(x) for x in out]
+    def score(self, texts: list[str], meta: list[dict]) -> Scores:
+        scores = self.rewards(texts, meta)
+        for reason, count in scores.reasons.items():
+            if reason not in self.failure_reasons_seen:   # each reason once; counts go to the metrics
+                self.failure_reasons_seen.add(reason)
+                log.warning("reward failed for %d sample(s), marked failed and left out of the loss: %s", count,
+                            reason)
+        return scores
 
     # --- evaluation ----------------------------------------------------------------------------------------------
     def evaluate(self) -> float:
@@ -108,8 +111,8 @@ class Trainer:
         prompts = self.task.eval_prompts()
         gens = self.workers.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
                                      max_tokens=self.cfg.rollout.max_response_len)
-        rewards = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])
-        return sum(rewards) / len(rewards)
+        scores = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])
+        return float(torch.nan_to_num(scores.total, nan=0.0).mean())   # a failed sample counts as wrong
 
     # --- one RL step ---------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -135,9 +138,12 @@ class Trainer:
                 meta.append(prompts[i][1])
                 group_ids.append(i)
         with timer("reward"):
-            rewards = torch.tensor(self.score([self.decode(r) for r in responses], meta))
+            scores = self.score([self.decode(r) for r in responses], meta)
+        group_ids = torch.tensor(group_ids)
+        rewards = neutral_fill(scores.total, scores.failed, group_ids).float()
         batch = Batch(build_sequences(flat_prompts, responses, self.eos_id, engine_lp), meta)
-        batch["rewards"], batch["group_ids"] = rewards, torch.tensor(group_ids)
+        batch["response_mask"][scores.failed] = 0          # failed samples train nothing
+        batch["rewards"], batch["group_ids"] = rewards, group_ids
         self.plugins.hook.rlcore_rollout_end(step=step, batch=batch)
 
         self.workers.train_mode()
@@ -152,11 +158,13 @@ class Trainer:
         with timer("train"):
             train_metrics = self.update(batch)
 
+        scored = scores.total[~scores.failed]
         metrics.update(adv_metrics)
         metrics.update(train_metrics)
+        metrics.update(scores.metrics())
         metrics.update({
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "reward/mean": float(scored.mean()) if len(scored) else float("nan"),
+            "reward/std": float(scored.std()) if len(scored) > 1 else 0.0,
             "response/length_mean": float(batch["response_len"].float().mean()),
             "response/truncated_frac": sum(g.finish_reason == "length" for grp in groups for g in grp) / len(batch),
             "advantage/mean": float(masked_mean(adv, mask)),

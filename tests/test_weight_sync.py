@@ -10,9 +10,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_logprobs_match_after_sync(quickstart):
-    quickstart.workers.workers[0].engine.sync_weights()
+    worker = quickstart.workers.workers[0]
+    worker.engine.sync_weights()
     probe = fixed_probe(len(quickstart.tokenizer), count=16, seed=7)
-    result = check_logprobs(quickstart.workers.workers[0].actor, quickstart.workers.workers[0].rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
+    result = check_logprobs(worker.actor, worker.rollout, *probe, pad_id=quickstart.eos_id, tolerance=1e-3)
     assert result.tokens == 16 * 6 and result.max_abs_diff < 1e-3
 
 

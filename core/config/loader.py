@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from importlib import resources
 from typing import Any
@@ -133,6 +134,12 @@ def check_values(cfg: Config) -> None:
             what = "does not exist" if not os.path.exists(path) else "has no config.json"
             raise ConfigError(f"model.path {cfg.model.path!r} {what}: give a Hugging Face checkpoint directory, "
                               f"or leave model.path empty to build the task's tiny model")
+    if cfg.task.reward and cfg.task.rewards:
+        raise ConfigError(f"task.reward = {cfg.task.reward!r} and task.rewards = {dict(cfg.task.rewards)} are both "
+                          f"set: give one reward name, or weights for several")
+    bad = {k: w for k, w in cfg.task.rewards.items() if not math.isfinite(w)}
+    if bad:
+        raise ConfigError(f"task.rewards has non-finite weights {bad}: use finite numbers")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
 

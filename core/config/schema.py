@@ -106,6 +106,10 @@ class RolloutConfig:
 class TaskConfig:
     name: str = "addition"        # a registered task
     reward: str = ""              # a registered reward; empty = the task's default
+    rewards: Dict[str, float] = field(default_factory=dict)   # several rewards with weights, e.g. {exact_match: 1.0,
+                                  # format: 0.1}: the reward is the weighted sum, each component logged; replaces reward
+    strict_rewards: bool = False  # a reward function that raises stops the run (default: the sample is marked
+                                  # failed, counted in reward/failed, left out of the loss)
     options: Dict[str, Any] = field(default_factory=dict)   # task-specific, validated by the task
 
 

@@ -18,6 +18,10 @@ class GRPOConfig:
     loss_agg_mode: str = "token-mean"
     norm_adv_by_std: bool = True
     eps: float = 1e-6
+    clip_ratio_c: float = 0.0            # dual-clip: for A < 0, cap the loss at -A * c (c > 1; 0 = off)
+    overlong_buffer: int = 0             # soft overlong penalty over the last this many tokens (0 = off) ...
+    overlong_max_len: int = 0            # ... of responses up to this length (set it to rollout.max_response_len)
+    overlong_penalty: float = 1.0        # the penalty at overlong_max_len tokens, linear from 0 over the buffer
 
     def __post_init__(self):
         from rlcore.errors import ConfigError
@@ -32,12 +36,23 @@ class GRPOConfig:
                               f"need 0 <= low < 1 and high >= 0")
         if self.kl_coef < 0:
             raise ConfigError(f"algorithm.kl_coef = {self.kl_coef}: must be >= 0")
+        if self.clip_ratio_c and self.clip_ratio_c <= 1:
+            raise ConfigError(f"algorithm.clip_ratio_c = {self.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
+        if self.overlong_buffer and not 0 < self.overlong_buffer <= self.overlong_max_len:
+            raise ConfigError(f"algorithm.overlong_buffer = {self.overlong_buffer} needs algorithm.overlong_max_len "
+                              f">= it (got {self.overlong_max_len}): set overlong_max_len to rollout.max_response_len")
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
                      cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
     """A_i = (r_i - mean(group)) / (std(group) + eps), the same for every response token of sample i.
-    A group of one sample gets advantage 0 (its std is undefined)."""
+    A group of one sample gets advantage 0 (its std is undefined). With the overlong penalty, rewards are shaped
+    by response length first."""
+    metrics = {}
+    if cfg.overlong_buffer:
+        penalty = overlong_penalty(response_mask.sum(-1), cfg)
+        rewards = rewards.float() - penalty
+        metrics["algo/overlong_penalty_mean"] = float(penalty.mean())
     scores = torch.zeros_like(rewards, dtype=torch.float32)
     uniform = 0
     groups = torch.unique(group_ids)
@@ -50,7 +65,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, response_ma
         scores[idx] = centred if r.numel() > 1 else 0.0
         uniform += int(bool((r == r[0]).all()))
     adv = scores.unsqueeze(-1) * response_mask
-    return adv, {"algo/groups_all_equal_reward": float(uniform), "algo/groups": float(len(groups))}
+    return adv, {**metrics, "algo/groups_all_equal_reward": float(uniform), "algo/groups": float(len(groups))}
+
+
+def overlong_penalty(lengths: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to overlong_max_len - overlong_buffer tokens, then rising linearly to
+    overlong_penalty at overlong_max_len (and staying there beyond)."""
+    start = cfg.overlong_max_len - cfg.overlong_buffer
+    return ((lengths.float() - start) / cfg.overlong_buffer).clamp(0.0, 1.0) * cfg.overlong_penalty
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -68,17 +90,24 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 ref_logp: torch.Tensor | None, cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
-    """Per-token PPO clipped surrogate: max(-A r, -A clip(r, 1-low, 1+high)) (+ kl_coef * KL)."""
+    """Per-token PPO clipped surrogate: max(-A r, -A clip(r, 1-low, 1+high)) (+ kl_coef * KL). Dual-clip
+    (clip_ratio_c = c > 1): where A < 0 the loss is further capped at -A c, so a very large ratio on a bad token
+    cannot produce an unbounded update."""
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     per_token = torch.maximum(unclipped, clipped)
     metrics = {
-        "actor/pg_loss": masked_mean(per_token, mask).item(),
+        "actor/pg_loss": 0.0,
         "actor/clip_frac": masked_mean((clipped > unclipped).float(), mask).item(),
         "actor/approx_kl_old": masked_mean(0.5 * log_ratio.square(), mask).item(),
     }
+    if cfg.clip_ratio_c:
+        capped = torch.where(advantages < 0, torch.minimum(per_token, -advantages * cfg.clip_ratio_c), per_token)
+        metrics["actor/dual_clip_frac"] = masked_mean((capped < per_token).float(), mask).item()
+        per_token = capped
+    metrics["actor/pg_loss"] = masked_mean(per_token, mask).item()
     if cfg.kl_coef > 0:
         if ref_logp is None:
             raise RuntimeError("kl_coef > 0 but no reference logprobs were computed")

@@ -66,7 +66,37 @@ def test_kl_term_is_added_with_its_coefficient():
 
 
 @pytest.mark.parametrize("bad", [dict(loss_agg_mode="mean"), dict(kl_estimator="k4"), dict(clip_ratio_low=1.5),
-                                 dict(kl_coef=-1.0)])
+                                 dict(kl_coef=-1.0), dict(clip_ratio_c=0.5), dict(overlong_buffer=4)])
 def test_invalid_options_name_the_key(bad):
     with pytest.raises(ConfigError, match=f"algorithm.{next(iter(bad))}"):
         GRPOConfig(**bad)
+
+
+def test_dual_clip_caps_negative_advantage_losses_by_hand():
+    cfg = GRPOConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    logp = torch.log(torch.tensor([[5.0, 5.0, 2.0]]))               # ratios 5, 5, 2
+    adv = torch.tensor([[-1.0, 1.0, -1.0]])
+    loss, m = policy_loss(logp, torch.zeros(1, 3), adv, torch.ones(1, 3), None, cfg)
+    # A<0, ratio 5: max(5, 1.2) = 5 -> capped at 3; A>0, ratio 5: max(-5, -1.2) = -1.2 (no cap); ratio 2: 2 < 3
+    assert loss[0].tolist() == pytest.approx([3.0, -1.2, 2.0])
+    assert m["actor/dual_clip_frac"] == pytest.approx(1 / 3)
+    assert m["actor/pg_loss"] == pytest.approx((3.0 - 1.2 + 2.0) / 3)
+
+
+def test_overlong_penalty_by_hand():
+    # max 8 tokens, buffer 4: no penalty up to 4 tokens, then 0.25 per token, full (0.5 here) at 8
+    cfg = GRPOConfig(overlong_buffer=4, overlong_max_len=8, overlong_penalty=0.5, norm_adv_by_std=False)
+    mask = torch.zeros(4, 8)
+    for i, n in enumerate([1, 4, 6, 8]):                              # a response of length 1 included
+        mask[i, :n] = 1
+    adv, m = group_advantages(torch.ones(4), torch.tensor([0, 0, 0, 0]), mask, cfg)
+    shaped = torch.tensor([1.0, 1.0, 1.0 - 0.25, 1.0 - 0.5])
+    assert adv[:, 0].tolist() == pytest.approx((shaped - shaped.mean()).tolist())
+    assert m["algo/overlong_penalty_mean"] == pytest.approx((0 + 0 + 0.25 + 0.5) / 4)
+    assert torch.equal(adv * (1 - mask), torch.zeros(4, 8)), "no advantage on padding"
+
+
+def test_a_fully_masked_row_gets_no_advantage():
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])                    # the second sample failed: fully masked
+    adv, _ = group_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), mask, GRPOConfig())
+    assert torch.equal(adv[1], torch.zeros(2)) and adv[0, 0] > 0

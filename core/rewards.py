@@ -1,0 +1,99 @@
+"""Reward composition: several reward functions with weights, each component kept, failures counted not fatal.
+
+A reward function (``RewardSpec.fn``) returns one float per response, or named components (a dict of lists) that
+add up to its value. The composed reward is sum over functions of weight * value. When a function raises, it is
+called again one response at a time so that only the responses it cannot score are marked failed (NaN), with the
+reason; in strict mode the first failure stops the run instead. A non-finite value is a failure too.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from rlcore.errors import RlcoreError
+from rlcore.specs import RewardSpec
+
+
+@dataclass
+class Scores:
+    total: torch.Tensor                                     # [N]; NaN where any component failed
+    components: dict[str, torch.Tensor] = field(default_factory=dict)   # name -> [N] (unweighted; NaN = failed)
+    reasons: Counter = field(default_factory=Counter)      # "reward: ErrorType: message" -> count
+
+    @property
+    def failed(self) -> torch.Tensor:
+        return torch.isnan(self.total)
+
+    def metrics(self) -> dict[str, float]:
+        out = {"reward/failed": float(self.failed.sum())}
+        for name, values in self.components.items():
+            ok = values[~torch.isnan(values)]
+            out[f"reward/{name}/mean"] = float(ok.mean()) if len(ok) else float("nan")
+        return out
+
+
+class RewardComposer:
+    def __init__(self, rewards: list[tuple[RewardSpec, float]], strict: bool = False):
+        self.rewards, self.strict = rewards, strict
+
+    def __call__(self, responses: list[str], metadata: list[dict]) -> Scores:
+        scores = Scores(torch.zeros(len(responses), dtype=torch.float64))
+        for spec, weight in self.rewards:
+            components = self._components(spec, responses, metadata, scores.reasons)
+            scores.components.update(components)
+            scores.total += weight * sum(components.values())   # NaN propagates: the sample failed
+        return scores
+
+    def _components(self, spec: RewardSpec, responses, metadata, reasons: Counter) -> dict[str, torch.Tensor]:
+        try:
+            return _as_components(spec, spec.fn(responses, metadata), len(responses))
+        except WrongRewardShape:
+            raise
+        except Exception as e:
+            if self.strict:
+                raise RlcoreError(f"reward {spec.name!r} failed: {type(e).__name__}: {e} (task.strict_rewards is "
+                                  f"set; unset it to count failed samples instead)") from e
+        rows = []                                    # isolate the responses it cannot score
+        for response, meta in zip(responses, metadata):
+            try:
+                rows.append(_as_components(spec, spec.fn([response], [meta]), 1))
+            except WrongRewardShape:
+                raise
+            except Exception as e:
+                reasons[f"{spec.name}: {type(e).__name__}: {str(e)[:200]}"] += 1
+                rows.append(None)
+        names = next((list(r) for r in rows if r is not None), [spec.name])
+        nan = torch.tensor([math.nan], dtype=torch.float64)
+        return {n: torch.cat([r[n] if r is not None else nan for r in rows]) for n in names}
+
+
+class WrongRewardShape(RlcoreError):
+    """A reward function broke its contract (not one value per response): fatal whatever the strictness."""
+
+
+def _as_components(spec: RewardSpec, out, n: int) -> dict[str, torch.Tensor]:
+    named = {f"{spec.name}/{k}": v for k, v in out.items()} if isinstance(out, dict) else {spec.name: out}
+    result = {}
+    for name, values in named.items():
+        values = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        if len(values) != n:
+            raise WrongRewardShape(f"reward {spec.name!r} returned {len(values)} values for {n} responses: it must "
+                                   f"return one per response")
+        if not torch.isfinite(values).all():
+            raise ValueError(f"non-finite reward {values[~torch.isfinite(values)][0].item()}")
+        result[name] = values
+    return result
+
+
+def neutral_fill(rewards: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Failed samples take the mean reward of their group's scored samples (0 if none), so they shift no other
+    sample's group-relative advantage; their tokens are masked out of the loss by the caller."""
+    rewards = rewards.clone()
+    for g in torch.unique(group_ids[failed]):
+        in_group = group_ids == g
+        ok = in_group & ~failed
+        rewards[in_group & failed] = rewards[ok].mean() if ok.any() else 0.0
+    return rewards
