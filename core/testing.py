@@ -21,11 +21,13 @@ import torch
 from rlcore.specs import ModelSpec
 
 
-def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int = 0, **sizes):
-    """Write a random tiny HF checkpoint of ``spec``'s family to ``path``; returns the transformers model (eval)."""
+def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int = 0, hf_overrides: dict | None = None,
+                    **sizes):
+    """Write a random tiny HF checkpoint of ``spec``'s family to ``path``; returns the transformers model (eval).
+    ``sizes`` go to ``spec.tiny_hf_config``; ``hf_overrides`` replace top-level keys of the config it returns."""
     import transformers
 
-    hf_config = spec.tiny_hf_config(vocab_size=vocab_size, **sizes)
+    hf_config = {**spec.tiny_hf_config(vocab_size=vocab_size, **sizes), **(hf_overrides or {})}
     config = transformers.AutoConfig.for_model(**hf_config)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).float()

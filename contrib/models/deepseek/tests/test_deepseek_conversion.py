@@ -1,98 +1,57 @@
-"""DeepSeek-V3 and Moonlight, HF <-> Megatron: logits equal to transformers', an exact round trip against the file
-transformers wrote, TP-sharded rules equal to TP=1, and the config mapping's refusals."""
+"""DeepSeek-V3 and Moonlight against transformers, with rlcore's model-plugin conformance checks (logits equal, exact
+HF round trip incl. the expert-score bias, exact TP-sharded rules), the MTP log line, and the config mapping's
+refusals."""
 import logging
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from rlcore.engine.reshard import Resharder
-from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
+from rlcore.megatron.model import read_hf_config
 from rlcore.megatron.parallel import init_parallel
+from rlcore.testing import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact,
+                            build_megatron, tiny_checkpoint)
 from rlcore_model_deepseek.plugin import DEEPSEEK_V3, MOONLIGHT
 
-SIZES = dict(vocab_size=48, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=16,
-             ffn_hidden_size=96, max_position_embeddings=64)
+SIZES = dict(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=16, ffn_hidden_size=96,
+             max_position_embeddings=64)
+_YARN = DEEPSEEK_V3.tiny_hf_config(vocab_size=48, yarn_factor=4.0, **SIZES)["rope_parameters"]
 # DeepSeek-V3: query compression, 8 experts in 2 groups, YaRN with mscale != mscale_all_dim (a swap shows).
 # Moonlight: no query compression, one expert group, plain RoPE.
-CASES = {"deepseek_v3": (DEEPSEEK_V3, dict(yarn_factor=4.0), dict(mscale=1.0, mscale_all_dim=0.4)),
-         "moonlight": (MOONLIGHT, {}, {})}
+CASES = {"deepseek_v3": (DEEPSEEK_V3, dict(yarn_factor=4.0, hf_overrides={
+             "rope_parameters": {**_YARN, "mscale": 1.0, "mscale_all_dim": 0.4}})),
+         "moonlight": (MOONLIGHT, {})}
 
 
-def tiny_checkpoint(case: str, path) -> tuple[dict, torch.nn.Module]:
-    """A tiny random DeepSeek-V3 saved by transformers, with norms, router weights and the expert-score bias
-    randomised so that mapping mistakes change the logits. Returns the config and the HF model."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    spec, options, rope = CASES[case]
-    config = spec.tiny_hf_config(**SIZES, **options)
-    config["rope_parameters"].update(rope)
-    torch.manual_seed(0)
-    hf = DeepseekV3ForCausalLM(DeepseekV3Config(**config)).float()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0, 0.5)
-        for name, b in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.3)
-    hf.save_pretrained(path)
-    return config, hf.eval()
+def checkpoint(case: str, path: str):
+    """The case's tiny random checkpoint (norms, routers and the expert-score bias randomised)."""
+    spec, options = CASES[case]
+    return tiny_checkpoint(spec, path, **SIZES, **options)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def family(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param)
-    _, hf = tiny_checkpoint(request.param, path)
+    path = str(tmp_path_factory.mktemp(request.param))
+    hf = checkpoint(request.param, path)
     init_parallel(seed=0)
-    model, converter = build_gpt(CASES[request.param][0], read_hf_config(str(path)))
-    load_hf_into(model, converter, read_hf_weights(str(path)))
-    return str(path), hf, model.eval(), converter
+    model, converter = build_megatron(CASES[request.param][0], path)
+    return path, hf, model, converter
 
 
 def test_megatron_logits_equal_transformers(family):
     _, hf, model, _ = family
-    ids = torch.randint(0, 48, (2, 12), generator=torch.Generator().manual_seed(1))
-    positions = torch.arange(12).unsqueeze(0).expand(2, -1)
-    with torch.no_grad():
-        ours = model(ids, positions, None)
-        theirs = hf(ids).logits
-    assert ours.shape == theirs.shape
-    assert (ours - theirs).abs().max().item() < 1e-4
+    assert_logits_match(model, hf, vocab_size=48)
 
 
 def test_round_trip_is_exact(family):
-    """transformers 5 keeps experts fused in memory but writes them per expert: compare with the file. The router's
-    expert bias is a Megatron buffer, loaded and exported like the parameters."""
+    """The router's expert bias is a Megatron buffer, loaded and exported like the parameters."""
     path, _, model, converter = family
-    on_disk = load_file(f"{path}/model.safetensors")
-    assert any(name.endswith("e_score_correction_bias") for name in on_disk)
-    assert sorted(converter.hf_names()) == sorted(on_disk)    # a rule for each tensor, none for a missing one
-    exported = dict(Resharder(model, converter).stream())
-    assert sorted(exported) == sorted(on_disk)
-    for name, tensor in on_disk.items():
-        assert torch.equal(exported[name], tensor), name
+    assert any(name.endswith("e_score_correction_bias") for name in converter.hf_names())
+    assert_round_trip_exact(model, converter, path)
 
 
 def test_tp_sharded_conversion_equals_unsharded(family):
-    """from_hf at every TP rank, then to_hf of the shards, gives back the HF tensors (MLA projections, dense and
-    shared-expert MLPs); the shard shapes are those of megatron's column / row parallel layers at TP=2."""
+    """MLA projections (column-parallel down projections), dense and shared-expert MLPs."""
     path, _, model, converter = family
-    tp = 2
-    hf = read_hf_weights(path)
-    for name, full in model.named_parameters():
-        rule = converter.rule(name)
-        dim = getattr(rule, "tp_dim", 0)
-        if dim is None or "local_experts" in name:   # replicated, or whole experts (no expert TP)
-            continue
-        shape = list(full.shape)
-        shape[dim] //= tp
-        shards = [rule.from_hf(hf, converter.layout, r, tp, torch.Size(shape)) for r in range(tp)]
-        assert all(s.shape == torch.Size(shape) for s in shards), name
-        for hf_name, tensor in rule.to_hf(shards, converter.layout):
-            assert torch.equal(tensor, hf[hf_name]), (name, hf_name)
+    assert assert_tp_conversion_exact(model, converter, path) > 0
 
 
 def test_mtp_layers_are_skipped_with_one_log_line(family, caplog):
@@ -114,7 +73,7 @@ def test_mtp_layers_are_skipped_with_one_log_line(family, caplog):
 ])
 def test_unsupported_configs_fail_naming_the_setting(change, message):
     with pytest.raises(ValueError, match=message):
-        DEEPSEEK_V3.transformer_config({**DEEPSEEK_V3.tiny_hf_config(**SIZES), **change})
+        DEEPSEEK_V3.transformer_config({**DEEPSEEK_V3.tiny_hf_config(vocab_size=48, **SIZES), **change})
 
 
 def test_registered_as_deepseek_v3_and_moonlight():

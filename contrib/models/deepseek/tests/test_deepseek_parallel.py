@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from test_deepseek_conversion import tiny_checkpoint   # the tests' own folder is on sys.path (no __init__.py)
+from test_deepseek_conversion import checkpoint   # the tests' own folder is on sys.path (no __init__.py)
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -56,7 +56,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("layout", ["ep2", "tp2"])
 def test_round_trip_and_logits_over_two_ranks(tmp_path, layout):
-    tiny_checkpoint("deepseek_v3", tmp_path / "ckpt")
+    checkpoint("deepseek_v3", str(tmp_path / "ckpt"))
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
