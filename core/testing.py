@@ -151,3 +151,15 @@ def run_grpo_smoke(plugins: str, family: str, run_dir: str, steps: int = 3, *ove
     worst = max(h["check/logprob_max_diff"] for h in history)
     assert worst < 1e-3, f"engine and actor disagree after a weight sync: max logprob diff {worst}"
     return history
+
+
+def reward_gain(history: list[dict], window: int = 10) -> tuple[float, float, float]:
+    """Mean training reward over the first and the last ``window`` steps, and their difference in standard errors
+    (from the per-step spread): "the reward went up beyond noise" is a z of 3 or more."""
+    import statistics
+
+    rewards = [h["reward/mean"] for h in history]
+    first, last = rewards[:window], rewards[-window:]
+    se = (statistics.variance(first) / window + statistics.variance(last) / window) ** 0.5
+    gain = statistics.mean(last) - statistics.mean(first)
+    return statistics.mean(first), statistics.mean(last), gain / se if se else float("inf") * gain
