@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -13,7 +14,6 @@ from rlcore.config import Config, bind_plugin_section, check_runnable_here, to_d
 from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
-from rlcore.losses import masked_mean
 from rlcore.plugins import LoadedPlugins
 from rlcore.rewards import RewardComposer, Scores, neutral_fill
 from rlcore.warm_start import prepare_model
@@ -52,7 +52,7 @@ class Trainer:
         self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
-        self.workers = None
+        self.workers = self.critic = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         # one update per rollout batch: old-policy logprobs need no separate forward pass
         self.on_policy = cfg.actor.mini_batches == 1 and cfg.actor.epochs == 1
@@ -80,6 +80,14 @@ class Trainer:
                               f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
         self.max_len = hf_config["max_position_embeddings"]
         self.workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
+        if self.algorithm.needs_critic(self.algo_cfg):
+            from rlcore.workers.critic import CriticWorker
+
+            if self.algorithm.value_loss is None:
+                raise RlcoreError(f"algorithm {self.algorithm.name!r} asks for a critic but registers no value_loss")
+            self.critic = WorkerGroup(cfg, self.plugins.selection, self.model_path, CriticWorker,
+                                      cfg.critic.world_size or cfg.trainer.world_size)
+            self.critic.call("sleep")
         self.loggers = [c() for c in self.logger_classes]
         for lg in self.loggers:
             lg.open(self.run_dir, cfg)
@@ -118,67 +126,97 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.cfg, Timer()
         metrics: dict[str, float] = {}
-        prompts = self.task.train_prompts(step, cfg.trainer.prompts_per_step)
-        prompt_ids = [self.encode(p) for p, _ in prompts]
         with timer("sync"):
             sync = self.workers.rollout_mode()
         if sync is not None:
             metrics.update({"sync/bytes": float(sync.bytes), "sync/tensors": float(sync.tensors)})
         if cfg.trainer.check_logprobs_every and step % cfg.trainer.check_logprobs_every == 0:
             metrics["check/logprob_max_diff"] = self.check_logprobs(seed=step)
-        with timer("rollout"):
-            groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                                           max_tokens=cfg.rollout.max_response_len)
-        flat_prompts, responses, engine_lp, meta, group_ids = [], [], [], [], []
-        for i, (ids, group) in enumerate(zip(prompt_ids, groups)):
-            for g in group:
-                flat_prompts.append(ids)
-                responses.append(g.token_ids)
-                engine_lp.append(g.logprobs)
-                meta.append(prompts[i][1])
-                group_ids.append(i)
-        with timer("reward"):
-            scores = self.score([self.decode(r) for r in responses], meta)
-        group_ids = torch.tensor(group_ids)
-        rewards = neutral_fill(scores.total, scores.failed, group_ids).float()
-        batch = Batch(build_sequences(flat_prompts, responses, self.eos_id, engine_lp), meta)
-        batch["response_mask"][scores.failed] = 0          # failed samples train nothing
-        batch["rewards"], batch["group_ids"] = rewards, group_ids
+        samples, sampled = self.sample(step, timer, metrics)
+        metrics.update(reward_metrics(sampled))
+        if not len(samples):   # dynamic sampling found no group with a learning signal: nothing to train on
+            metrics["sampling/skipped_update"] = 1.0
+            metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
+            return metrics
+        batch = samples.batch(self.eos_id)
         self.plugins.hook.rlcore_rollout_end(step=step, batch=batch)
 
         self.workers.train_mode()
-        mask = batch["response_mask"]
         with timer("logprobs"):
-            if not self.on_policy:
+            if not self.on_policy or self.algorithm.needs_old_logprobs(self.algo_cfg):
                 batch["old_logprobs"] = self.workers.logprobs(batch)
             if self.algorithm.needs_reference(self.algo_cfg):
                 batch["ref_logprobs"] = self.workers.logprobs(batch, reference=True)
-        adv, adv_metrics = self.algorithm.advantages(rewards, batch["group_ids"], mask, self.algo_cfg)
+        if self.critic is not None:
+            with timer("values"):
+                self.critic.call("wake")
+                batch["values"] = self.critic.values(batch)
+        adv, adv_metrics = self.algorithm.advantages(batch, self.algo_cfg)
         batch["advantages"] = adv
-        with timer("train"):
-            train_metrics = self.update(batch)
-
-        scored = scores.total[~scores.failed]
+        mask = batch["response_mask"]
         metrics.update(adv_metrics)
-        metrics.update(train_metrics)
-        metrics.update(scores.metrics())
+        metrics.update(token_stats("advantage", adv, mask))
+        if self.critic is not None:
+            if "returns" not in batch:
+                raise RlcoreError(f"algorithm {self.algorithm.name!r} trains a critic but its advantages() left no "
+                                  f"batch['returns'] (the critic's targets): the plugin must store them")
+            metrics.update(token_stats("returns", batch["returns"], mask))
+            metrics.update(token_stats("values", batch["values"], mask))
+            with timer("critic"):
+                metrics.update(self.update(self.critic, cfg.critic, batch))
+                self.critic.call("sleep")
+        if self.critic is None or step > cfg.critic.warmup_steps:
+            with timer("train"):
+                metrics.update(self.update(self.workers, cfg.actor, batch, self.on_policy))
         metrics.update({
-            "reward/mean": float(scored.mean()) if len(scored) else float("nan"),
-            "reward/std": float(scored.std()) if len(scored) > 1 else 0.0,
             "response/length_mean": float(batch["response_len"].float().mean()),
-            "response/truncated_frac": sum(g.finish_reason == "length" for grp in groups for g in grp) / len(batch),
-            "advantage/mean": float(masked_mean(adv, mask)),
+            "response/length_max": float(batch["response_len"].max()),
+            "response/truncated_frac": sum(f == "length" for f in samples.finish) / len(samples),
         })
         metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
         return metrics
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """``actor.epochs`` passes of ``actor.mini_batches`` optimizer updates over the rollout batch."""
-        size = -(-len(batch) // self.cfg.actor.mini_batches)
+    def sample(self, step: int, timer: Timer, metrics: dict) -> tuple["Samples", Scores]:
+        """Generate and score ``prompts_per_step`` prompts' groups. Groups the algorithm does not keep (dynamic
+        sampling) are dropped and more prompts sampled in their place, up to ``rollout.max_sampling_rounds`` rounds.
+        Returns the kept samples and the scores of everything sampled (for the reward metrics)."""
+        cfg, wanted = self.cfg, self.cfg.trainer.prompts_per_step
+        kept, scored, dropped, rounds = [], [], 0, 0
+        while rounds < cfg.rollout.max_sampling_rounds and sum(k.groups for k in kept) < wanted:
+            prompts = self.task.train_prompts(step, wanted * (rounds + 1))[wanted * rounds:]
+            rounds += 1
+            with timer("rollout"):
+                part = self.rollout_part([self.encode(p) for p, _ in prompts], [m for _, m in prompts])
+            with timer("reward"):
+                part.score(self)
+            scored.append(part.scores)
+            keep = [g for g in range(part.groups)
+                    if self.algorithm.keep_group(part.rewards[part.group_ids == g], self.algo_cfg)]
+            dropped += part.groups - len(keep)
+            kept.append(part.select_groups(keep))
+        samples = Samples.cat(kept).first_groups(wanted)
+        if dropped or rounds > 1:
+            metrics.update({"sampling/groups_dropped": float(dropped), "sampling/rounds": float(rounds),
+                            "sampling/groups_kept": float(samples.groups)})
+        return samples, Scores.cat(scored)
+
+    def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict]) -> "Samples":
+        cfg = self.cfg
+        groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                                       max_tokens=cfg.rollout.max_response_len)
+        flat = [(ids, g, meta[i], i) for i, (ids, group) in enumerate(zip(prompt_ids, groups)) for g in group]
+        return Samples(prompts=[f[0] for f in flat], responses=[f[1].token_ids for f in flat],
+                       logprobs=[f[1].logprobs for f in flat], finish=[f[1].finish_reason for f in flat],
+                       meta=[f[2] for f in flat], group_ids=torch.tensor([f[3] for f in flat], dtype=torch.long))
+
+    def update(self, group, model_cfg, batch: Batch, *args) -> dict[str, float]:
+        """``epochs`` passes of ``mini_batches`` optimizer updates over the rollout batch, for the actor's or the
+        critic's workers; returns the mean of each metric."""
+        size = -(-len(batch) // model_cfg.mini_batches)
         collected: dict[str, list[float]] = {}
-        for _ in range(self.cfg.actor.epochs):
+        for _ in range(model_cfg.epochs):
             for mini in batch.split(size):
-                for k, v in self.workers.train_step(mini, self.on_policy).items():
+                for k, v in group.train_step(mini, *args).items():
                     collected.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in collected.items()}
 
@@ -239,6 +277,80 @@ class Trainer:
         return directory
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.stop()
-            self.workers = None
+        for group in (self.critic, self.workers):
+            if group is not None:
+                group.stop()
+        self.workers = self.critic = None
+
+
+@dataclass
+class Samples:
+    """A step's generated samples, flat (one row per response), grouped by prompt (``group_ids`` 0..groups-1)."""
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    logprobs: list[list[float]]
+    finish: list[str]
+    meta: list[dict]
+    group_ids: torch.Tensor
+    scores: Scores | None = None
+    rewards: torch.Tensor | None = None      # the scores with failed samples filled neutrally (the training reward)
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    @property
+    def groups(self) -> int:
+        return int(self.group_ids.max()) + 1 if len(self) else 0
+
+    def score(self, trainer: "Trainer") -> None:
+        self.scores = trainer.score([trainer.decode(r) for r in self.responses], self.meta)
+        self.rewards = neutral_fill(self.scores.total, self.scores.failed, self.group_ids).float()
+
+    def select_groups(self, keep: list[int]) -> "Samples":
+        """The samples of the groups ``keep``, renumbered 0..len(keep)-1 in that order."""
+        renumber = {g: i for i, g in enumerate(keep)}
+        rows = [r for r, g in enumerate(self.group_ids.tolist()) if g in renumber]
+        index = torch.tensor(rows, dtype=torch.long)
+        pick = lambda items: [items[r] for r in rows]  # noqa: E731
+        return Samples(pick(self.prompts), pick(self.responses), pick(self.logprobs), pick(self.finish),
+                       pick(self.meta), torch.tensor([renumber[g] for g in self.group_ids[index].tolist()],
+                                                     dtype=torch.long),
+                       self.scores.select(index), self.rewards[index])
+
+    def first_groups(self, count: int) -> "Samples":
+        return self.select_groups(list(range(min(count, self.groups))))
+
+    @staticmethod
+    def cat(parts: list["Samples"]) -> "Samples":
+        offsets, total = [], 0
+        for p in parts:
+            offsets.append(total)
+            total += p.groups
+        return Samples([x for p in parts for x in p.prompts], [x for p in parts for x in p.responses],
+                       [x for p in parts for x in p.logprobs], [x for p in parts for x in p.finish],
+                       [x for p in parts for x in p.meta],
+                       torch.cat([p.group_ids + o for p, o in zip(parts, offsets)]),
+                       Scores.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]))
+
+    def batch(self, pad_id: int) -> Batch:
+        batch = Batch(build_sequences(self.prompts, self.responses, pad_id, self.logprobs), self.meta)
+        batch["response_mask"][self.scores.failed] = 0          # failed samples train nothing
+        batch["rewards"], batch["group_ids"] = self.rewards, self.group_ids
+        return batch
+
+
+def reward_metrics(scores: Scores) -> dict[str, float]:
+    """Over every response sampled in the step (dropped groups included): the policy's actual reward."""
+    scored = scores.total[~scores.failed]
+    return {**scores.metrics(),
+            "reward/mean": float(scored.mean()) if len(scored) else float("nan"),
+            "reward/std": float(scored.std()) if len(scored) > 1 else 0.0}
+
+
+def token_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std, min and max of a per-token tensor over the response tokens."""
+    picked = values[mask > 0]
+    if not len(picked):
+        return {}
+    return {f"{name}/mean": float(picked.mean()), f"{name}/std": float(picked.std()) if len(picked) > 1 else 0.0,
+            f"{name}/min": float(picked.min()), f"{name}/max": float(picked.max())}

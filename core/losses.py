@@ -29,3 +29,57 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, total_toke
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries; masked-out entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).square(), mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimates of KL(pi || ref) from the sampled tokens' logprobs (Schulman's k1, k2, k3)."""
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":   # exp(ref - logp) - (ref - logp) - 1: unbiased and always >= 0
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
+
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                      clip_low: float, clip_high: float, clip_c: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """PPO's per-token clipped surrogate max(-A r, -A clip(r, 1-low, 1+high)), r = pi / pi_old. Dual-clip
+    (``clip_c`` = c > 1; 0 = off): where A < 0 the loss is further capped at -A c, so a very large ratio on a bad
+    token cannot produce an unbounded update."""
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    metrics = {"actor/clip_frac": masked_mean((clipped > unclipped).float(), mask).item(),
+               "actor/approx_kl_old": masked_mean(0.5 * log_ratio.square(), mask).item()}
+    if clip_c:
+        capped = torch.where(advantages < 0, torch.minimum(per_token, -advantages * clip_c), per_token)
+        metrics["actor/dual_clip_frac"] = masked_mean((capped < per_token).float(), mask).item()
+        per_token = capped
+    metrics["actor/pg_loss"] = masked_mean(per_token, mask).item()
+    return per_token, metrics
+
+
+def with_kl_loss(per_token: torch.Tensor, metrics: dict, logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                 mask: torch.Tensor, coef: float, estimator: str) -> torch.Tensor:
+    """``per_token`` + coef * KL(pi || ref) as a loss term (logged as actor/kl_ref); unchanged when coef is 0."""
+    if coef <= 0:
+        return per_token
+    if ref_logp is None:
+        raise RuntimeError("a KL loss term is configured but no reference logprobs were computed")
+    kl = kl_estimate(logp, ref_logp, estimator)
+    metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
+    return per_token + coef * kl

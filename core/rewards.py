@@ -27,6 +27,18 @@ class Scores:
     def failed(self) -> torch.Tensor:
         return torch.isnan(self.total)
 
+    def select(self, index: torch.Tensor) -> "Scores":
+        return Scores(self.total[index], {n: v[index] for n, v in self.components.items()}, self.reasons)
+
+    @staticmethod
+    def cat(parts: list["Scores"]) -> "Scores":
+        """The scores of several batches of responses, in order (failure reasons summed)."""
+        names = {n for p in parts for n in p.components}
+        nan = lambda p: torch.full_like(p.total, math.nan)  # noqa: E731  (a component this batch did not have)
+        return Scores(torch.cat([p.total for p in parts]),
+                      {n: torch.cat([p.components.get(n, nan(p)) for p in parts]) for n in names},
+                      sum((p.reasons for p in parts), Counter()))
+
     def metrics(self) -> dict[str, float]:
         out = {"reward/failed": float(self.failed.sum())}
         for name, values in self.components.items():

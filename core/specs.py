@@ -30,13 +30,21 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """An RL algorithm.
+    """An RL algorithm: what the controller's generic loop asks of it.
 
     config_cls: dataclass of its options (validated from the ``algorithm`` config section).
-    advantages(rewards [N], group_ids [N], response_mask [N,S], cfg) -> (advantages [N,S], metrics)
+    advantages(batch, cfg) -> (advantages [N,S], metrics). The batch holds rewards [N], group_ids [N] and
+        response_mask [N,S]; also old_logprobs, ref_logprobs and values [N,S] when the algorithm asks for them
+        below. An algorithm with a critic also stores the critic's targets in it as batch["returns"] [N,S].
     policy_loss(logp, old_logp, advantages, mask, ref_logp|None, cfg) -> (per-token loss [N,S], metrics)
-    loss_agg_mode(cfg) -> one of rlcore.losses.AGG_MODES
+    loss_agg_mode(cfg) -> one of rlcore.losses.AGG_MODES (the critic's loss is aggregated the same way)
     needs_reference(cfg) -> whether reference-policy logprobs are required
+    needs_old_logprobs(cfg) -> whether ``advantages`` needs the actor's logprobs before the update (they are
+        computed anyway when several updates share a batch)
+    needs_critic(cfg) -> whether a value model is trained alongside the actor (then ``value_loss`` is required)
+    value_loss(values, old_values, returns, mask, cfg) -> (per-token loss [N,S], metrics)
+    keep_group(rewards of one prompt's samples [n], cfg) -> False drops the group and samples other prompts in its
+        place (dynamic sampling; counted in the metrics). The default keeps every group.
     """
     name: str
     config_cls: type
@@ -44,6 +52,10 @@ class Algorithm:
     policy_loss: Callable[..., tuple[torch.Tensor, dict]]
     loss_agg_mode: Callable[[Any], str]
     needs_reference: Callable[[Any], bool] = lambda cfg: False
+    needs_old_logprobs: Callable[[Any], bool] = lambda cfg: False
+    needs_critic: Callable[[Any], bool] = lambda cfg: False
+    value_loss: Callable[..., tuple[torch.Tensor, dict]] | None = None
+    keep_group: Callable[[torch.Tensor, Any], bool] = lambda rewards, cfg: True
 
 
 @dataclass
@@ -127,7 +139,8 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     def train_prompts(self, step: int, count: int) -> list[tuple[str, dict]]:
-        """``count`` (prompt text, metadata) pairs for training step ``step`` (deterministic given the seed)."""
+        """``count`` (prompt text, metadata) pairs for training step ``step`` (deterministic given the seed). A
+        larger ``count`` at the same step extends the list: dynamic sampling asks for more prompts this way."""
 
     @abc.abstractmethod
     def eval_prompts(self) -> list[tuple[str, dict]]:

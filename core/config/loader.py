@@ -76,22 +76,28 @@ def load_config(source: str | None = None, overrides: list[str] = ()) -> Config:
 
 _RULES = [  # (key, predicate, what is allowed)
     ("run.seed", lambda v: v >= 0, "an integer >= 0"),
-    ("actor.micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
-    ("actor.mini_batches", lambda v: v >= 1, "an integer >= 1"),
-    ("actor.epochs", lambda v: v >= 1, "an integer >= 1"),
-    ("actor.dtype", lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
-    ("actor.optim.lr", lambda v: v > 0, "a number > 0"),
-    ("actor.parallel.tp", lambda v: v >= 1, "an integer >= 1"),
-    ("actor.parallel.pp", lambda v: v >= 1, "an integer >= 1"),
+    *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic") for key, ok, allowed in [
+        ("micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
+        ("mini_batches", lambda v: v >= 1, "an integer >= 1"),
+        ("epochs", lambda v: v >= 1, "an integer >= 1"),
+        ("dtype", lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
+        ("optim.lr", lambda v: v > 0, "a number > 0"),
+        ("parallel.tp", lambda v: v >= 1, "an integer >= 1"),
+        ("parallel.pp", lambda v: v >= 1, "an integer >= 1"),
+        ("parallel.last_stage_layers", lambda v: v >= 0, "an integer >= 0 (0 = split layers evenly)"),
+        ("optim.offload_fraction", lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+    ]],
+    ("actor.entropy_coef", lambda v: v >= 0, "a number >= 0"),
+    ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
+    ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
-    ("actor.parallel.last_stage_layers", lambda v: v >= 0, "an integer >= 0 (0 = split layers evenly)"),
-    ("actor.optim.offload_fraction", lambda v: 0 <= v <= 1, "a number from 0 to 1"),
     ("trainer.devices_per_node", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
+    ("rollout.max_sampling_rounds", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.temperature", lambda v: v > 0, "a number > 0"),
     ("rollout.max_response_len", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.kv_cache_gib", lambda v: v > 0, "a number > 0"),
@@ -114,26 +120,20 @@ def check_values(cfg: Config) -> None:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"config key {key!r} = {value!r} is not allowed: use {allowed}")
-    world, tp, pp, cp = cfg.trainer.world_size, cfg.actor.parallel.tp, cfg.actor.parallel.pp, cfg.actor.parallel.cp
-    if cp < 1 or world % (tp * pp * cp):
-        raise ConfigError(f"trainer.world_size = {world} is not a multiple of actor.parallel.tp x pp x cp = "
-                          f"{tp} x {pp} x {cp}; the data-parallel size is world_size / (tp x pp x cp)")
-    ep = cfg.actor.parallel.ep
-    if ep < 1 or (world // pp) % ep:   # experts fold over the TP x CP x DP ranks of a pipeline stage
-        raise ConfigError(f"actor.parallel.ep = {ep} must divide world_size / pp = {world // pp}")
-    if cfg.actor.parallel.sp and tp == 1:
-        raise ConfigError("actor.parallel.sp = true needs actor.parallel.tp > 1 (it splits sequences over TP ranks)")
-    if cfg.actor.optim.offload_fraction > 0 and cfg.actor.dtype != "bfloat16":
-        raise ConfigError(f"actor.optim.offload_fraction = {cfg.actor.optim.offload_fraction} needs "
-                          f"actor.dtype=bfloat16 (Megatron's hybrid CPU/GPU optimizer keeps fp32 master weights)")
+    world = cfg.trainer.world_size
+    _check_layout("actor", cfg.actor, world, "trainer.world_size")
+    _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
+                  "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
     if world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
-    if cfg.model.path:
-        path = os.path.expanduser(cfg.model.path)
-        if not os.path.isfile(os.path.join(path, "config.json")):
+    for key in ("model.path", "critic.model_path"):
+        given = _get(cfg, key)
+        path = os.path.expanduser(given)
+        if given and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "has no config.json"
-            raise ConfigError(f"model.path {cfg.model.path!r} {what}: give a Hugging Face checkpoint directory, "
-                              f"or leave model.path empty to build the task's tiny model")
+            default = ("leave model.path empty to build the task's tiny model" if key == "model.path"
+                       else "leave critic.model_path empty to start the critic from the actor's checkpoint")
+            raise ConfigError(f"{key} {given!r} {what}: give a Hugging Face checkpoint directory, or {default}")
     if cfg.task.reward and cfg.task.rewards:
         raise ConfigError(f"task.reward = {cfg.task.reward!r} and task.rewards = {dict(cfg.task.rewards)} are both "
                           f"set: give one reward name, or weights for several")
@@ -144,20 +144,37 @@ def check_values(cfg: Config) -> None:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
 
 
+def _check_layout(section: str, model, world: int, world_key: str) -> None:
+    """A trained model's parallel sizes against the processes it runs on."""
+    p = model.parallel
+    if p.cp < 1 or world % (p.tp * p.pp * p.cp):
+        raise ConfigError(f"{world_key} = {world} is not a multiple of {section}.parallel.tp x pp x cp = "
+                          f"{p.tp} x {p.pp} x {p.cp}; the data-parallel size is world_size / (tp x pp x cp)")
+    if p.ep < 1 or (world // p.pp) % p.ep:   # experts fold over the TP x CP x DP ranks of a pipeline stage
+        raise ConfigError(f"{section}.parallel.ep = {p.ep} must divide {world_key} / pp = {world // p.pp}")
+    if p.sp and p.tp == 1:
+        raise ConfigError(f"{section}.parallel.sp = true needs {section}.parallel.tp > 1 (it splits sequences over "
+                          f"TP ranks)")
+    if model.optim.offload_fraction > 0 and model.dtype != "bfloat16":
+        raise ConfigError(f"{section}.optim.offload_fraction = {model.optim.offload_fraction} needs "
+                          f"{section}.dtype=bfloat16 (Megatron's hybrid CPU/GPU optimizer keeps fp32 master weights)")
+
+
 def check_runnable_here(cfg: Config) -> None:
     """Limits of this machine rather than of the config (a dry run plans for another machine and skips these)."""
     import torch
 
     if torch.cuda.is_available():
         return
-    p = cfg.actor.parallel
-    if p.ep > 1 and p.tp > 1:
-        raise ConfigError("actor.parallel.ep > 1 with actor.parallel.tp > 1 is not supported on CPU (gloo) yet: "
-                          "use tp=1 here, or run on GPUs")
-    if cfg.actor.optim.offload_fraction > 0:
-        raise ConfigError(f"actor.optim.offload_fraction = {cfg.actor.optim.offload_fraction} needs GPUs "
-                          "(Megatron's hybrid CPU/GPU optimizer); on CPU the optimizer state is in host memory "
-                          "already: use 0")
+    for section in ("actor", "critic"):
+        model = getattr(cfg, section)
+        if model.parallel.ep > 1 and model.parallel.tp > 1:
+            raise ConfigError(f"{section}.parallel.ep > 1 with {section}.parallel.tp > 1 is not supported on CPU "
+                              f"(gloo) yet: use tp=1 here, or run on GPUs")
+        if model.optim.offload_fraction > 0:
+            raise ConfigError(f"{section}.optim.offload_fraction = {model.optim.offload_fraction} needs GPUs "
+                              "(Megatron's hybrid CPU/GPU optimizer); on CPU the optimizer state is in host memory "
+                              "already: use 0")
 
 
 def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:

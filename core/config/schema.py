@@ -72,14 +72,16 @@ class ParallelConfig:
 
 @dataclass
 class OffloadConfig:
-    """What the actor moves to host memory while the rollout engine runs (frees accelerator memory for it)."""
+    """What a model moves to host memory while it is idle: the actor while the rollout engine runs, the critic
+    outside its own passes (frees accelerator memory for the others)."""
     params: bool = False
     grads: bool = False
     optimizer: bool = False
 
 
 @dataclass
-class ActorConfig:
+class TrainedModelConfig:
+    """What every trained Megatron model (actor, critic) sets: batching, precision, optimizer, layout, offload."""
     micro_batch_size: int = 64    # sequences per forward/backward pass
     mini_batches: int = 1         # optimizer updates per rollout batch
     epochs: int = 1               # passes over each rollout batch
@@ -90,6 +92,20 @@ class ActorConfig:
 
 
 @dataclass
+class ActorConfig(TrainedModelConfig):
+    entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
+
+
+@dataclass
+class CriticConfig(TrainedModelConfig):
+    """The value model of algorithms that learn one (PPO): a Megatron model of the actor's family whose output
+    layer is replaced by a scalar value head. Its workers are its own processes, with their own layout."""
+    model_path: str = ""          # HF checkpoint to start from; empty = the actor's (the value head starts at 0)
+    world_size: int = 0           # critic worker processes; 0 = trainer.world_size
+    warmup_steps: int = 0         # the first N steps train only the critic (the actor waits for useful values)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "vllm"         # a registered rollout backend
     n: int = 8                    # samples per prompt (the GRPO group size)
@@ -97,6 +113,8 @@ class RolloutConfig:
     max_response_len: int = 8     # tokens
     kv_cache_gib: float = 0.25    # KV cache reserved by the engine (CPU engines cannot release it)
     tp: int = 1                   # rollout tensor parallel size (independent of training's); divides world_size
+    max_sampling_rounds: int = 4  # with dynamic sampling: rounds of prompts_per_step prompts a step may sample to
+                                  # fill its batch with kept groups (it trains on what it has after the last)
     sync_bucket_mb: float = 256   # weight sync moves full tensors in buckets of at most this many MB
     sync_transport: str = "auto"  # auto | shm | collectives: how ranks exchange shards during a sync (auto: shared
                                   # memory between CPU ranks on one host, torch.distributed collectives otherwise)
@@ -134,6 +152,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     algorithm: Dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})  # name + the algorithm's options

@@ -36,19 +36,23 @@ def _free_port() -> int:
 
 
 class WorkerGroup:
-    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
-        self.world = cfg.trainer.world_size
+    """Workers of one class (the actor+rollout workers, or the critic's), forming their own torch.distributed world:
+    in this process when there is one, else one Ray actor per process."""
+
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str,
+                 worker_cls: type = ActorRolloutWorker, world: int | None = None):
+        self.world = world or cfg.trainer.world_size
         if self.world == 1:
-            self.workers = [ActorRolloutWorker(cfg, plugin_names, model_path)]
+            self.workers = [worker_cls(cfg, plugin_names, model_path)]
             self.remote = False
         else:
-            self.workers = self._start_ray(cfg, plugin_names, model_path)
+            self.workers = self._start_ray(cfg, plugin_names, model_path, worker_cls)
             self.remote = True
         self.coords = self.call("get_coords")
         self.dp_size = self.coords[0].dp_size
         self.replicas = self.coords[0].rollout_replicas
 
-    def _start_ray(self, cfg: Config, plugin_names, model_path):
+    def _start_ray(self, cfg: Config, plugin_names, model_path, worker_cls):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -56,13 +60,14 @@ class WorkerGroup:
         if not ray.is_initialized():
             if cfg.trainer.ray_address:
                 ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
-            else:  # embedded; Ray's CPUs are scheduling slots: one per worker, whatever the core count
-                ray.init(num_cpus=max(self.world, os.cpu_count() or 1, 8), include_dashboard=False,
-                         log_to_driver=True)
+            else:  # embedded; Ray's CPUs are scheduling slots: one per worker (actor's and critic's), whatever
+                # the core count
+                workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
+                ray.init(num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False, log_to_driver=True)
         self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
         master = (ray.util.get_node_ip_address(), _free_port())
-        remote_cls = ray.remote(num_cpus=1)(ActorRolloutWorker)
+        remote_cls = ray.remote(num_cpus=1)(worker_cls)
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
         return [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
                                    runtime_env=env).remote(cfg, plugin_names, model_path, i, self.world, master)
@@ -96,14 +101,22 @@ class WorkerGroup:
         by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
         return [g for i in range(self.replicas) for g in by_replica[i]]
 
-    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        args = self._by_dp(batch)
-        return torch.cat(self._reported(self.call("logprobs", per_rank=[a + (reference,) for a in args])))
+    def per_token(self, method: str, batch: Batch, *args) -> torch.Tensor:
+        """A forward pass that returns a per-token tensor [N, S] (``logprobs``, ``values``), split by dp rank."""
+        shares = self._by_dp(batch)
+        return torch.cat(self._reported(self.call(method, per_rank=[a + args for a in shares])))
 
-    def train_step(self, mini: Batch, on_policy: bool) -> dict[str, float]:
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
+        return self.per_token("logprobs", batch, reference)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        return self.per_token("values", batch)
+
+    def train_step(self, mini: Batch, *args) -> dict[str, float]:
+        """One update on a mini-batch; each rank's loss is normalised by the mini-batch's totals."""
         tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
-        args = self._by_dp(mini)
-        reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, on_policy) for a in args]))
+        shares = self._by_dp(mini)
+        reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, *args) for a in shares]))
         return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
 
     def rollout_mode(self):

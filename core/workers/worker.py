@@ -36,16 +36,30 @@ class Coords:
     node: str                 # the Ray node this worker runs on
 
 
+def join_world(rank: int, world_size: int, master: tuple[str, int] | None) -> None:
+    """Point torch.distributed at this worker group's rendezvous (each group is its own world)."""
+    if world_size > 1:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coords:
+    """This rank's place in the Megatron layout (once the parallel state is initialised)."""
+    from megatron.core import parallel_state as mpu
+
+    reports = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+               and mpu.is_pipeline_last_stage())
+    return Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
+                  rollout_replica=rank // rollout_tp, rollout_replicas=world_size // rollout_tp, reports=reports,
+                  leads_replica=rank % rollout_tp == 0, node=_node())
+
+
 class ActorRolloutWorker:
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
-        if world_size > 1:
-            os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        torch.set_num_threads(1)
-        from megatron.core import parallel_state as mpu
-
+        join_world(rank, world_size, master)
         from rlcore.megatron.actor import MegatronActor
         from rlcore.megatron.model import read_hf_config, read_hf_weights
         from rlcore.plugins import load_plugins
@@ -65,13 +79,7 @@ class ActorRolloutWorker:
             model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
             distributed=world_size > 1)
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=True, offload=cfg.actor.offload)
-        reports = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-                   and mpu.is_pipeline_last_stage())
-        self.coords = Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(),
-                             dp_size=mpu.get_data_parallel_world_size(),
-                             rollout_replica=rank // cfg.rollout.tp, rollout_replicas=world_size // cfg.rollout.tp,
-                             reports=reports, leads_replica=rank % cfg.rollout.tp == 0,
-                             node=_node())
+        self.coords = parallel_coords(rank, cfg.rollout.tp, world_size)
 
     # --- rollout -------------------------------------------------------------------------------------------------
     def get_coords(self) -> Coords:
@@ -99,19 +107,23 @@ class ActorRolloutWorker:
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
         mode = self.algorithm.loss_agg_mode(self.algo_cfg)
+        entropy_coef = self.cfg.actor.entropy_coef
 
-        def loss_fn(logp, mb):
+        def loss_fn(logp, mb, entropy):
             mask = mb["response_mask"]
             # on-policy, the first update's own forward *is* the old policy: exact, one forward saved
             old = logp.detach() if on_policy else mb["old_logprobs"]
             per_token, m = self.algorithm.policy_loss(logp, old, mb["advantages"], mask,
                                                       mb["ref_logprobs"] if "ref_logprobs" in mb else None,
                                                       self.algo_cfg)
+            if entropy_coef > 0:   # the bonus: higher entropy, lower loss
+                per_token = per_token - entropy_coef * entropy
+            m["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
             # the engine sampled with the old policy's weights: their logprobs must agree
             m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - old).abs(), mask).item()
             return aggregate(per_token, mask, mode, total_tokens, total_sequences), m
 
-        metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature)
+        metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
         self.engine.mark_updated()
         return metrics
 

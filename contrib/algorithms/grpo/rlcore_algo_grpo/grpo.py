@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.losses import AGG_MODES, masked_mean
+from rlcore.losses import AGG_MODES, KL_ESTIMATORS, clipped_surrogate, with_kl_loss
 
 
 @dataclass
@@ -22,6 +22,8 @@ class GRPOConfig:
     overlong_buffer: int = 0             # soft overlong penalty over the last this many tokens (0 = off) ...
     overlong_max_len: int = 0            # ... of responses up to this length (set it to rollout.max_response_len)
     overlong_penalty: float = 1.0        # the penalty at overlong_max_len tokens, linear from 0 over the buffer
+    dynamic_sampling: bool = False       # DAPO: drop groups whose rewards are all equal (no signal) and sample
+                                         # more prompts in their place (up to rollout.max_sampling_rounds)
 
     def __post_init__(self):
         from rlcore.errors import ConfigError
@@ -68,6 +70,11 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, response_ma
     return adv, {**metrics, "algo/groups_all_equal_reward": float(uniform), "algo/groups": float(len(groups))}
 
 
+def keep_group(rewards: torch.Tensor, cfg: GRPOConfig) -> bool:
+    """Dynamic sampling keeps a prompt's group only if its rewards differ (all-equal rewards give zero advantage)."""
+    return not cfg.dynamic_sampling or bool((rewards != rewards[0]).any())
+
+
 def overlong_penalty(lengths: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
     """DAPO's soft overlong punishment: 0 up to overlong_max_len - overlong_buffer tokens, then rising linearly to
     overlong_penalty at overlong_max_len (and staying there beyond)."""
@@ -75,43 +82,9 @@ def overlong_penalty(lengths: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
     return ((lengths.float() - start) / cfg.overlong_buffer).clamp(0.0, 1.0) * cfg.overlong_penalty
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    log_ratio = logp - ref_logp
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    # k3: exp(ref - logp) - (ref - logp) - 1, unbiased for KL(pi || ref) and always >= 0
-    return torch.expm1(-log_ratio) + log_ratio
-
-
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
-
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 ref_logp: torch.Tensor | None, cfg: GRPOConfig) -> tuple[torch.Tensor, dict]:
-    """Per-token PPO clipped surrogate: max(-A r, -A clip(r, 1-low, 1+high)) (+ kl_coef * KL). Dual-clip
-    (clip_ratio_c = c > 1): where A < 0 the loss is further capped at -A c, so a very large ratio on a bad token
-    cannot produce an unbounded update."""
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
-    per_token = torch.maximum(unclipped, clipped)
-    metrics = {
-        "actor/pg_loss": 0.0,
-        "actor/clip_frac": masked_mean((clipped > unclipped).float(), mask).item(),
-        "actor/approx_kl_old": masked_mean(0.5 * log_ratio.square(), mask).item(),
-    }
-    if cfg.clip_ratio_c:
-        capped = torch.where(advantages < 0, torch.minimum(per_token, -advantages * cfg.clip_ratio_c), per_token)
-        metrics["actor/dual_clip_frac"] = masked_mean((capped < per_token).float(), mask).item()
-        per_token = capped
-    metrics["actor/pg_loss"] = masked_mean(per_token, mask).item()
-    if cfg.kl_coef > 0:
-        if ref_logp is None:
-            raise RuntimeError("kl_coef > 0 but no reference logprobs were computed")
-        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
-        per_token = per_token + cfg.kl_coef * kl
-        metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
-    return per_token, metrics
+    """Per-token clipped surrogate (asymmetric clip ranges, optional dual-clip) + kl_coef * KL to the reference."""
+    per_token, metrics = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_ratio_low,
+                                           cfg.clip_ratio_high, cfg.clip_ratio_c)
+    return with_kl_loss(per_token, metrics, logp, ref_logp, mask, cfg.kl_coef, cfg.kl_estimator), metrics

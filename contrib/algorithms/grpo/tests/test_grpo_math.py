@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from rlcore.errors import ConfigError
-from rlcore_algo_grpo.grpo import GRPOConfig, group_advantages, kl_penalty, policy_loss
+from rlcore.losses import kl_estimate as kl_penalty
+from rlcore_algo_grpo.grpo import GRPOConfig, group_advantages, policy_loss
 
 
 def test_group_advantages_normalise_within_each_group():

@@ -56,8 +56,10 @@ def clipped_reinforce_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantage
                        "rloo/clip_frac": masked_mean((clipped > unclipped).float(), mask).item()}
 
 
-RLOO = Algorithm(name="rloo", config_cls=RLOOConfig, advantages=leave_one_out_advantages,
-                 policy_loss=clipped_reinforce_loss, loss_agg_mode=lambda cfg: cfg.loss_agg_mode)
+RLOO = Algorithm(
+    name="rloo", config_cls=RLOOConfig, policy_loss=clipped_reinforce_loss, loss_agg_mode=lambda cfg: cfg.loss_agg_mode,
+    advantages=lambda batch, cfg: leave_one_out_advantages(batch["rewards"], batch["group_ids"],
+                                                           batch["response_mask"], cfg))
 
 
 @hookimpl

@@ -1,0 +1,1 @@
+"""rlcore algorithm plugin: PPO with a critic and GAE."""

@@ -1,0 +1,223 @@
+"""The part of a Megatron model that trains: parallel state, Megatron DDP and optimizer, memory offload, and the
+forward/backward passes over micro-batches. The actor (logprobs) and the critic (values) differ only in what they
+read off the model's output per token (``token_outputs``).
+
+Every pass runs through Megatron's ``forward_backward_func`` over equal-sized micro-batches, so the same code serves
+every pipeline schedule. Each rank is given its data-parallel share.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from rlcore.config.schema import ActorConfig
+from rlcore.data import Batch
+from rlcore.megatron.parallel import init_parallel
+from rlcore.specs import ModelSpec, OptimizerSpec
+
+# loss_fn(per-token output [b, S] with grad, micro-batch, **extras) -> (scalar loss share of the mini-batch,
+# metrics of this micro-batch); the actor's output is logp (extras: entropy), the critic's the values
+LossFn = Callable[..., tuple[torch.Tensor, dict]]
+
+
+def _pad_rows(batch: Batch, multiple: int) -> Batch:
+    """Pipeline schedules need equal micro-batches: repeat the last row with an all-zero mask (it adds nothing)."""
+    extra = -len(batch) % multiple
+    if extra == 0:
+        return batch
+    idx = list(range(len(batch))) + [len(batch) - 1] * extra
+    padded = batch.select(idx)
+    padded.tensors["response_mask"][len(batch):] = 0
+    return padded
+
+
+def _pad_columns(batch: Batch, multiple: int) -> Batch:
+    """Context / sequence parallelism split sequences into equal chunks: pad every per-token tensor with zeros."""
+    length = batch["input_ids"].shape[1]
+    extra = -length % multiple
+    if extra == 0:
+        return batch
+    tensors = {k: torch.nn.functional.pad(v, (0, extra)) if v.dim() == 2 and v.shape[1] == length else v
+               for k, v in batch.tensors.items()}
+    return Batch(tensors, batch.meta)
+
+
+def _select_columns(batch: Batch, index: torch.Tensor) -> Batch:
+    length = batch["input_ids"].shape[1]
+    return Batch({k: v[:, index] if v.dim() == 2 and v.shape[1] == length else v for k, v in batch.tensors.items()},
+                 batch.meta)
+
+
+class MegatronTrainable:
+    """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
+    role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
+
+    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
+                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
+        from megatron.core import parallel_state as mpu
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
+
+        init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep, cfg.parallel.cp)
+        self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
+        self.model, self.converter = self.build(hf_state)
+        self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
+            use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
+        # after backward: reduce grads over data-parallel ranks and all-reduce the grads of parameters that TP
+        # ranks replicate but see different parts of the input for (qk-layernorm, sequence-parallel norms)
+        self.model.config.finalize_model_grads_func = finalize_model_grads
+        self.model.config.no_sync_func = self.ddp.no_sync
+        self.optimizer = optimizer.build([self.ddp], cfg.optim)
+        self._offloaded: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.dp_size = mpu.get_data_parallel_world_size()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.pp_group = mpu.get_pipeline_model_parallel_group()
+        self.pp_size = mpu.get_pipeline_model_parallel_world_size()
+        self.is_last_stage = mpu.is_pipeline_last_stage()
+        self.cp_group, self.cp_size = mpu.get_context_parallel_group(), mpu.get_context_parallel_world_size()
+        # sequences are split into 2*cp chunks (CP) and each chunk over TP ranks (SP): pad to a multiple of both
+        self.sequence_multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (cfg.parallel.tp if cfg.parallel.sp
+                                                                                   else 1)
+
+    def build(self, hf_state: dict[str, torch.Tensor] | None):
+        """This rank's GPTModel (weights from ``hf_state`` if given) and the converter bound to it."""
+        from rlcore.megatron.model import build_gpt, load_hf_into
+
+        model, converter = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
+                                     self.cfg.parallel.last_stage_layers)
+        if hf_state is not None:
+            load_hf_into(model, converter, hf_state)
+        return model, converter
+
+    def token_outputs(self, output: torch.Tensor, labels: torch.Tensor, extras: bool) -> tuple[torch.Tensor, dict]:
+        """The model's output [b, S, ...] -> the per-token tensor [b, S] a pass returns, and (when ``extras``)
+        further per-token tensors handed to the loss function by keyword."""
+        raise NotImplementedError
+
+    # --- memory hand-off ---------------------------------------------------------------------------------------
+    def _memory(self, what: str) -> list[torch.Tensor]:
+        """The tensors behind ``params`` / ``grads`` (Megatron DDP's contiguous buffers) or ``optimizer`` (its
+        state tensors, minus any that share storage with the buffers, such as fp32 main params)."""
+        buffers = list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
+        if what == "params":
+            return [b.param_data for b in buffers if b.param_data is not None]
+        if what == "grads":
+            return [b.grad_data for b in buffers]
+        if what == "optimizer":
+            owned = {t.untyped_storage().data_ptr() for t in self._memory("params") + self._memory("grads")}
+            inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+            return [t for o in inner for state in o.state.values() for t in state.values()
+                    if torch.is_tensor(t) and t.dim() > 0 and t.untyped_storage().data_ptr() not in owned]
+        raise ValueError(f"cannot offload {what!r}: use params, grads or optimizer")
+
+    def offload(self, what: str) -> int:
+        """Copy to host memory and free the device storage (views such as the model's params stay valid).
+        Returns the bytes moved."""
+        pin = torch.cuda.is_available()
+        moved = []
+        for t in self._memory(what):
+            host = t.detach().to("cpu", copy=True)
+            moved.append((t, host.pin_memory() if pin else host))
+            t.untyped_storage().resize_(0)
+        self._offloaded[what] = moved
+        return sum(h.numel() * h.element_size() for _, h in moved)
+
+    def onload(self, what: str) -> None:
+        for t, host in self._offloaded.pop(what, []):
+            t.untyped_storage().resize_(host.numel() * host.element_size())
+            t.copy_(host, non_blocking=True)
+
+    # --- passes ------------------------------------------------------------------------------------------------
+    def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool, extras: bool = False,
+             hook=None) -> tuple[list[dict], list]:
+        from contextlib import nullcontext
+
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        mbs = min(self.cfg.micro_batch_size, len(batch))
+        batch = _pad_columns(batch, self.sequence_multiple)
+        micro = _pad_rows(batch, mbs).split(mbs)
+        outputs: list[torch.Tensor] = []
+        # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the
+        # schedule itself makes up for the average over context-parallel ranks)
+        scale = len(micro) * self.dp_size
+
+        def forward_step(data_iterator, chunk):
+            mb = next(data_iterator)
+            ids = mb["input_ids"]
+            labels = torch.roll(ids, -1, dims=1)
+            positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+            if self.cp_size > 1:   # this rank's zigzag chunks of every per-token tensor
+                index = self._cp_index(ids.shape[1])
+                mb = _select_columns(mb, index)
+                ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
+            output = chunk(ids, positions, None)
+
+            def loss_func(output):
+                per_token, more = self.token_outputs(output, labels, extras)
+                if loss_fn is None:
+                    outputs.append(per_token.detach())
+                    return per_token.sum() * 0.0, {}
+                loss, metrics = loss_fn(per_token, mb, **more)
+                return loss * scale, metrics  # the schedule divides by the number of micro-batches
+
+            return output, loss_func
+
+        with hook(model) if hook else nullcontext():
+            results = get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+                num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1] // self.cp_size,
+                micro_batch_size=mbs, forward_only=forward_only)
+        return results, outputs
+
+    def _cp_index(self, length: int) -> torch.Tensor:
+        from rlcore.megatron.attention import zigzag_positions
+
+        return zigzag_positions(self.cp_group.rank(), self.cp_size, length // (2 * self.cp_size))
+
+    def _cp_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Per-token values of this rank's chunks -> the whole sequence, on every CP rank."""
+        from rlcore.megatron.attention import zigzag_positions
+
+        pieces = [torch.empty_like(local) for _ in range(self.cp_size)]
+        dist.all_gather(pieces, local.contiguous(), group=self.cp_group)
+        chunk = local.shape[1] // 2
+        full = local.new_empty(local.shape[0], local.shape[1] * self.cp_size)
+        for r, piece in enumerate(pieces):
+            full[:, zigzag_positions(r, self.cp_size, chunk)] = piece
+        return full
+
+    @torch.no_grad()
+    def per_token(self, model, batch: Batch, hook=None) -> torch.Tensor:
+        """The pass's per-token output [N, S] (label positions) for the whole share. Computed on the last pipeline
+        stage and broadcast to the others, so every rank returns it."""
+        was_training = model.training
+        model.eval()
+        _, outputs = self._run(model, batch, None, forward_only=True, hook=hook)
+        model.train(was_training)
+        full_len = batch["input_ids"].shape[1]
+        if self.cp_size > 1 and outputs:
+            outputs = [self._cp_gather(o) for o in outputs]
+        result = (torch.cat(outputs)[: len(batch), :full_len] if outputs
+                  else torch.empty(batch["input_ids"].shape))
+        if self.pp_size > 1:
+            dist.broadcast(result, src=dist.get_global_rank(self.pp_group, self.pp_size - 1), group=self.pp_group)
+        return result
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, extras: bool = False, hook=None) -> dict[str, float]:
+        """One optimizer update on ``batch`` (this rank's share of a mini-batch). Returns the mean of the
+        micro-batch metrics (on the last pipeline stage; other stages return only the update's metrics)."""
+        self.ddp.train()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False, extras=extras, hook=hook)
+        ok, grad_norm, _ = self.optimizer.step()
+        metrics: dict[str, float] = {}
+        for r in results:
+            for k, v in r.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) / len(results)
+        metrics[f"{self.role}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+        metrics[f"{self.role}/update_skipped"] = 0.0 if ok else 1.0
+        return metrics

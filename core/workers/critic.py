@@ -1,0 +1,62 @@
+"""The critic worker: a Megatron value model in its own processes, with its own parallel layout, optimizer and
+offload switches. Every method is SPMD over the critic's ranks, like the actor worker's."""
+from __future__ import annotations
+
+import torch
+
+from rlcore.config import Config, bind_plugin_section
+from rlcore.data import Batch
+from rlcore.losses import aggregate
+from rlcore.workers.worker import join_world, parallel_coords
+
+OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
+
+
+class CriticWorker:
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
+                 world_size: int = 1, master: tuple[str, int] | None = None):
+        join_world(rank, world_size, master)
+        from rlcore.megatron.critic import MegatronCritic
+        from rlcore.megatron.model import read_hf_config, read_hf_weights
+        from rlcore.plugins import load_plugins
+
+        reg = load_plugins(plugin_names).registry
+        self.cfg = cfg
+        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        path = cfg.critic.model_path or model_path
+        self.critic = MegatronCritic(reg.get("models", cfg.model.family), read_hf_config(path), cfg.critic,
+                                     reg.get("optimizers", cfg.critic.optim.name), hf_state=read_hf_weights(path),
+                                     seed=cfg.run.seed)
+        self.offloaded = [what for what in OFFLOAD_ORDER if getattr(cfg.critic.offload, what)]
+        self.coords = parallel_coords(rank)
+
+    def get_coords(self):
+        return self.coords
+
+    def wake(self) -> None:
+        """Bring back what ``sleep`` moved to host memory, before the critic's passes."""
+        for what in reversed(self.offloaded):
+            self.critic.onload(what)
+
+    def sleep(self) -> None:
+        """Move what ``critic.offload`` names to host memory while the actor and the engine run."""
+        for what in self.offloaded:
+            self.critic.offload(what)
+
+    def values(self, share: Batch) -> torch.Tensor:
+        return self.critic.values(share)
+
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float) -> dict:
+        """One update of the value model on this rank's share of a mini-batch, toward ``returns``."""
+        mode = self.algorithm.loss_agg_mode(self.algo_cfg)
+
+        def loss_fn(values, mb):
+            mask = mb["response_mask"]
+            per_token, m = self.algorithm.value_loss(values, mb["values"], mb["returns"], mask, self.algo_cfg)
+            return aggregate(per_token, mask, mode, total_tokens, total_sequences), m
+
+        return self.critic.train_step(share, loss_fn)
+
+    def stop(self) -> None:
+        pass
