@@ -1,5 +1,7 @@
 """One optimizer step on the same batch gives the same weights in every layout as in one process: the loss shares,
 micro-batching, data-parallel averaging and context-parallel split add up to exactly the global loss's gradient.
+The actor's loss includes an entropy bonus (vocab-parallel under TP); the critic's value head is checked the same
+way, through its values after one step.
 
 Adam's usual first step is lr * sign(g): blind to a mis-scaled loss. With beta1 = 0 and eps far above |g| its
 update is lr * g / (|g| + eps), i.e. nearly linear in g, so a wrong factor anywhere shows. (Megatron's distributed
@@ -22,26 +24,38 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
+    from rlcore.megatron.critic import MegatronCritic
     from rlcore.megatron.model import read_hf_weights
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    path, out, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+    path, out, role, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
-    cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)))
-    actor = MegatronActor(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path))
+    cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)),
+                      entropy_coef=0.1)
+    model = (MegatronActor if role == "actor" else MegatronCritic)(QWEN3, hf, cfg, SPECS[0],
+                                                                  hf_state=read_hf_weights(path))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
     responses = [torch.randint(1, 16, (2 + i % 4,), generator=g).tolist() for i in range(8)]
     batch = Batch(build_sequences(prompts, responses, pad_id=0))
     batch["weight"] = torch.rand(batch["input_ids"].shape, generator=g)   # makes every token's gradient differ
-    dp, rank = actor.dp_size, actor.dp_rank
+    batch["returns"] = torch.randn(batch["input_ids"].shape, generator=g)
+    dp, rank = model.dp_size, model.dp_rank
     share = batch.select(range(rank * len(batch) // dp, (rank + 1) * len(batch) // dp))
     tokens = float(batch["response_mask"].sum())
-    actor.train_step(share, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
-                                                       tokens, len(batch)), {}))
-    weights = {n: t.contiguous().clone() for n, t in actor.hf_weights()}
+    if role == "actor":
+        model.train_step(share, lambda lp, mb, entropy: (
+            aggregate((-lp - 0.1 * entropy) * mb["weight"], mb["response_mask"], "token-mean", tokens, len(batch)),
+            {}), entropy=True)
+        weights = {n: t.contiguous().clone() for n, t in model.hf_weights()}
+    else:   # the value head starts at 0: a first step moves only it, a second reaches the trunk through it
+        for _ in range(2):
+            model.train_step(share, lambda v, mb: (aggregate((v - mb["returns"]).square() * mb["weight"],
+                                                             mb["response_mask"], "token-mean", tokens, len(batch)),
+                                                   {}))
+        weights = {"values": model.values(batch) * batch["response_mask"]}
     if dist.get_rank() == 0:
         save_file(weights, out)
 """)
@@ -56,12 +70,12 @@ LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence paralle
 }
 
 
-def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp):
+def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, role="actor"):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    out = tmp_path / f"{name}.safetensors"
+    out = tmp_path / f"{role}-{name}.safetensors"
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port=29661"]
-    result = subprocess.run([*launcher, str(script), str(checkpoint), str(out), str(tp), str(pp), str(cp),
+    result = subprocess.run([*launcher, str(script), str(checkpoint), str(out), role, str(tp), str(pp), str(cp),
                              str(mbs), str(sp)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return load_file(out)
@@ -91,3 +105,18 @@ def test_one_step_equals_one_process(reference, layout):
         moved = (expected[name] - start[name]).abs().max().item()
         assert (got[name] - expected[name]).abs().max().item() <= 1e-5 + 1e-4 * moved, name
     assert max((expected[n] - start[n]).abs().max().item() for n in expected) > 1e-3, "the step changed weights"
+
+
+@pytest.fixture(scope="module")
+def critic_reference(reference):
+    tmp, checkpoint, _ = reference
+    return one_step(tmp, "reference", checkpoint, 1, 1, 1, 1, 8, 0, role="critic")["values"]
+
+
+@pytest.mark.parametrize("layout", ["dp2", "tp2-sp", "pp2", "cp2"])
+def test_critic_values_after_training_equal_one_process(reference, critic_reference, layout):
+    tmp, checkpoint, _ = reference
+    expected = critic_reference
+    got = one_step(tmp, layout, checkpoint, *LAYOUTS[layout], role="critic")["values"]
+    assert expected.abs().max() > 0.1, "training moved the values off their zero start"
+    assert (got - expected).abs().max() <= 1e-4 * (1 + expected.abs().max()), layout
