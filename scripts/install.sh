@@ -18,5 +18,6 @@ else
 fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $PIP install -q -e ".[test]" -e contrib/models/qwen3 -e contrib/models/mixtral -e contrib/models/deepseek \
-  -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo -e contrib/rollout/vllm
+  -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo -e contrib/rollout/vllm \
+  -e contrib/rollout/hf
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"
