@@ -17,7 +17,7 @@ def rlcore(*args, timeout=120):
     (["run", "model.path=/nonexistent/ckpt"], "model.path '/nonexistent/ckpt' does not exist"),
     (["run", "--plugins=qwen3,grpo,vllm", "model.family=llama"],
      "no model named 'llama' is registered (registered: qwen3, qwen3_moe)"),
-    (["run", "algorithm.name=ppo"], "no algorithm named 'ppo' is registered"),
+    (["run", "--plugins=qwen3,grpo,vllm", "algorithm.name=ppo"], "no algorithm named 'ppo' is registered"),
     (["run", "algorithm.clip_ratio=0.3"], "unknown config key 'algorithm.clip_ratio'"),
     (["run", "missing.yaml"], "config file 'missing.yaml' does not exist"),
 ])

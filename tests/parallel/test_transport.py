@@ -40,6 +40,8 @@ RANK_SCRIPT = textwrap.dedent("""
     except ValueError as e:
         assert "exceed" in str(e), e
     print("TRANSPORT OK", rank)
+    dist.barrier()
+    dist.destroy_process_group()   # exiting with gloo's threads alive can abort ("terminate called without ...")
 """)
 
 

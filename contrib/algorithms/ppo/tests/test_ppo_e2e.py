@@ -37,10 +37,12 @@ def test_ppo_learns_the_quickstart(tmp_path):
 
 @pytest.mark.parallel
 def test_critic_in_its_own_layout_with_adaptive_kl(tmp_path):
+    """The critic at PP2 in its own Ray workers (offloading everything while idle) next to a TP2 actor."""
     summary, history = rlcore_run(
         tmp_path / "run", "trainer.steps=3", "trainer.world_size=2", "actor.parallel.tp=2", "critic.world_size=2",
         "critic.parallel.pp=2", "algorithm.kl_coef=0.05", "algorithm.kl_target=0.001", "algorithm.kl_horizon=100",
         "actor.entropy_coef=0.01", "trainer.check_logprobs_every=1", "trainer.prompts_per_step=8",
+        "critic.offload.params=true", "critic.offload.grads=true", "critic.offload.optimizer=true",
         f"warm_start.cache_dir={tmp_path / 'warm_start'}", "warm_start.steps=50")
     coefs = [h["algo/kl_coef"] for h in history]
     assert coefs[0] == 0.05 and coefs[1] != coefs[0], coefs      # adapted after the first step
