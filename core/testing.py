@@ -117,7 +117,7 @@ _EP_RANK = textwrap.dedent("""
     assert_round_trip_exact(model, converter, path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert_logits_match(model, hf_model, vocab)
-    print("EP2 OK", dist.get_rank())
+    print(f"EP2 OK {dist.get_rank()}", flush=True)   # one write: two ranks share the pipe
 """)
 
 

@@ -7,7 +7,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A short quickstart: the preset's model, task and algorithm, fewer RL steps.
-SHORT_QUICKSTART = ["trainer.steps=30", "trainer.eval_every=0", "run.progress=false"]
+SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ def test_training_raises_held_out_accuracy_and_reward(quickstart):
     assert len(history) == quickstart.cfg.trainer.steps
     # 200 held-out prompts: +0.10 is several standard errors, not noise
     assert s["eval_accuracy_after"] >= s["eval_accuracy_before"] + 0.10, s
-    # the training reward (16 prompts per step, sampled at temperature 1) is too noisy for a fixed margin in 30 steps
+    # the training reward (16 prompts per step, sampled at temperature 1) is too noisy for a fixed margin in 50 steps
     # (per-step std ~0.06); its least-squares trend over the run must still point up
     rewards = [h["reward/mean"] for h in history]
     steps = range(len(rewards))

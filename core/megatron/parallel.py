@@ -31,6 +31,8 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1, cp: int 
         mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                       context_parallel_size=cp, expert_model_parallel_size=ep,
                                       expert_tensor_parallel_size=1)
-        # Megatron-LM seeds the default generator per pipeline stage as well; router/bias init draw from it.
-        torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
-        model_parallel_cuda_manual_seed(seed)
+    # seeded on every call, not only the first: a model built later in the same process (a test session, the
+    # critic next to the actor) gets the same initial weights as in a fresh one. Megatron-LM seeds the default
+    # generator per pipeline stage as well; router/bias init draw from it.
+    torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
+    model_parallel_cuda_manual_seed(seed)

@@ -33,7 +33,7 @@ RANK_SCRIPT = textwrap.dedent("""
     both = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
     dist.all_gather(both, dense.double())
     assert both[0].item() == both[1].item(), both
-    print("EP2 OK", rank)
+    print(f"EP2 OK {rank}", flush=True)
 """)
 
 

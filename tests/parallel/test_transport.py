@@ -39,7 +39,7 @@ RANK_SCRIPT = textwrap.dedent("""
         raise AssertionError("an 8 KB piece fit a 4 KB segment")
     except ValueError as e:
         assert "exceed" in str(e), e
-    print("TRANSPORT OK", rank)
+    print(f"TRANSPORT OK {rank}", flush=True)
     dist.barrier()
     dist.destroy_process_group()   # exiting with gloo's threads alive can abort ("terminate called without ...")
 """)

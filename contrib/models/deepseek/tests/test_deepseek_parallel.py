@@ -50,7 +50,7 @@ RANK_SCRIPT = textwrap.dedent("""
         both = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
         dist.all_gather(both, replicated)
         assert both[0].item() == both[1].item(), both
-    print("OK", layout, dist.get_rank())
+    print(f"OK {layout} {dist.get_rank()}", flush=True)   # one write: two ranks share the pipe
 """)
 
 
