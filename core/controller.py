@@ -195,9 +195,8 @@ class Trainer:
             dropped += part.groups - len(keep)
             kept.append(part.select_groups(keep))
         samples = Samples.cat(kept).first_groups(wanted)
-        if dropped or rounds > 1:
-            metrics.update({"sampling/groups_dropped": float(dropped), "sampling/rounds": float(rounds),
-                            "sampling/groups_kept": float(samples.groups)})
+        metrics.update({"sampling/groups_dropped": float(dropped), "sampling/rounds": float(rounds),
+                        "sampling/groups_kept": float(samples.groups)})
         return samples, Scores.cat(scored)
 
     def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict]) -> "Samples":

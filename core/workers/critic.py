@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import torch
 
-from rlcore.config import Config, bind_plugin_section
+from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.losses import aggregate
-from rlcore.workers.worker import join_world, parallel_coords
+from rlcore.workers.worker import Worker, parallel_coords
 
 OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
 
 
-class CriticWorker:
+class CriticWorker(Worker):
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
-        join_world(rank, world_size, master)
+        super().__init__(cfg, plugin_names, rank, world_size, master)
         from rlcore.megatron.critic import MegatronCritic
         from rlcore.megatron.model import read_hf_config, read_hf_weights
-        from rlcore.plugins import load_plugins
 
-        reg = load_plugins(plugin_names).registry
-        self.cfg = cfg
-        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
-        self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        reg = self.registry
         path = cfg.critic.model_path or model_path
         self.critic = MegatronCritic(reg.get("models", cfg.model.family), read_hf_config(path), cfg.critic,
                                      reg.get("optimizers", cfg.critic.optim.name), hf_state=read_hf_weights(path),

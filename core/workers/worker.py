@@ -56,18 +56,28 @@ def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coor
                   leads_replica=rank % rollout_tp == 0, node=_node())
 
 
-class ActorRolloutWorker:
-    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
-                 world_size: int = 1, master: tuple[str, int] | None = None):
+class Worker:
+    """What every worker does first: join its group's world, load the plugins, bind the algorithm's options."""
+
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, rank: int, world_size: int,
+                 master: tuple[str, int] | None):
         join_world(rank, world_size, master)
-        from rlcore.megatron.actor import MegatronActor
-        from rlcore.megatron.model import read_hf_config, read_hf_weights
         from rlcore.plugins import load_plugins
 
-        reg = load_plugins(plugin_names).registry
         self.cfg = cfg
-        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        self.registry = load_plugins(plugin_names).registry
+        self.algorithm = self.registry.get("algorithms", cfg.algorithm["name"])
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+
+
+class ActorRolloutWorker(Worker):
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
+                 world_size: int = 1, master: tuple[str, int] | None = None):
+        super().__init__(cfg, plugin_names, rank, world_size, master)
+        from rlcore.megatron.actor import MegatronActor
+        from rlcore.megatron.model import read_hf_config, read_hf_weights
+
+        reg = self.registry
         hf_config = read_hf_config(model_path)
         self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
                                    reg.get("optimizers", cfg.actor.optim.name), hf_state=read_hf_weights(model_path),
