@@ -41,6 +41,24 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
+def check_policy_loss_options(cfg) -> None:
+    """The options every clipped-surrogate algorithm shares (loss_agg_mode, kl_estimator, kl_coef,
+    clip_ratio_low/high, clip_ratio_c), checked from its config's ``__post_init__``; names the key."""
+    from rlcore.errors import ConfigError
+
+    if cfg.loss_agg_mode not in AGG_MODES:
+        raise ConfigError(f"algorithm.loss_agg_mode = {cfg.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
+    if cfg.kl_estimator not in KL_ESTIMATORS:
+        raise ConfigError(f"algorithm.kl_estimator = {cfg.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}")
+    if cfg.kl_coef < 0:
+        raise ConfigError(f"algorithm.kl_coef = {cfg.kl_coef}: must be >= 0")
+    if not (0 <= cfg.clip_ratio_low < 1 and cfg.clip_ratio_high >= 0):
+        raise ConfigError(f"algorithm.clip_ratio_low/high = {cfg.clip_ratio_low}/{cfg.clip_ratio_high}: "
+                          f"need 0 <= low < 1 and high >= 0")
+    if cfg.clip_ratio_c and cfg.clip_ratio_c <= 1:
+        raise ConfigError(f"algorithm.clip_ratio_c = {cfg.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
+
+
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimates of KL(pi || ref) from the sampled tokens' logprobs (Schulman's k1, k2, k3)."""
     log_ratio = logp - ref_logp

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.losses import AGG_MODES, KL_ESTIMATORS, clipped_surrogate, with_kl_loss
+from rlcore.losses import check_policy_loss_options, clipped_surrogate, with_kl_loss
 
 
 @dataclass
@@ -28,18 +28,7 @@ class GRPOConfig:
     def __post_init__(self):
         from rlcore.errors import ConfigError
 
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ConfigError(f"algorithm.loss_agg_mode = {self.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(f"algorithm.kl_estimator = {self.kl_estimator!r}: use one of "
-                              f"{', '.join(KL_ESTIMATORS)}")
-        if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
-            raise ConfigError(f"algorithm.clip_ratio_low/high = {self.clip_ratio_low}/{self.clip_ratio_high}: "
-                              f"need 0 <= low < 1 and high >= 0")
-        if self.kl_coef < 0:
-            raise ConfigError(f"algorithm.kl_coef = {self.kl_coef}: must be >= 0")
-        if self.clip_ratio_c and self.clip_ratio_c <= 1:
-            raise ConfigError(f"algorithm.clip_ratio_c = {self.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
+        check_policy_loss_options(self)
         if self.overlong_buffer and not 0 < self.overlong_buffer <= self.overlong_max_len:
             raise ConfigError(f"algorithm.overlong_buffer = {self.overlong_buffer} needs algorithm.overlong_max_len "
                               f">= it (got {self.overlong_max_len}): set overlong_max_len to rollout.max_response_len")

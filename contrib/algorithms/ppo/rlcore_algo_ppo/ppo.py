@@ -8,7 +8,7 @@ import torch
 
 from rlcore.data import Batch
 from rlcore.errors import ConfigError
-from rlcore.losses import (AGG_MODES, KL_ESTIMATORS, clipped_surrogate, kl_estimate, masked_mean, masked_whiten,
+from rlcore.losses import (check_policy_loss_options, clipped_surrogate, kl_estimate, masked_mean, masked_whiten,
                            with_kl_loss)
 
 KL_PLACES = ("reward", "loss")
@@ -33,22 +33,13 @@ class PPOConfig:
     loss_agg_mode: str = "token-mean"
 
     def __post_init__(self):
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ConfigError(f"algorithm.loss_agg_mode = {self.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(f"algorithm.kl_estimator = {self.kl_estimator!r}: use one of "
-                              f"{', '.join(KL_ESTIMATORS)}")
+        check_policy_loss_options(self)
         if self.kl_as not in KL_PLACES:
             raise ConfigError(f"algorithm.kl_as = {self.kl_as!r}: use one of {', '.join(KL_PLACES)}")
         for key in ("gamma", "lam"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: use a number in [0, 1]")
-        if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
-            raise ConfigError(f"algorithm.clip_ratio_low/high = {self.clip_ratio_low}/{self.clip_ratio_high}: "
-                              f"need 0 <= low < 1 and high >= 0")
-        if self.clip_ratio_c and self.clip_ratio_c <= 1:
-            raise ConfigError(f"algorithm.clip_ratio_c = {self.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
-        for key in ("value_clip", "kl_coef", "kl_target"):
+        for key in ("value_clip", "kl_target"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: must be >= 0")
         if self.kl_target and (self.kl_as != "reward" or self.kl_coef == 0):
