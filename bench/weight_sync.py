@@ -3,15 +3,20 @@
     python bench/weight_sync.py [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
 
 For each layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a vLLM engine
-(rollout TP=1, external launcher) and pushes the weights three times. Printed per layout (worst rank): seconds per
-sync (median) with the default transport (shared memory between ranks on one host) and, as a peer in the same run,
-with gloo collectives ("gloo s"); bytes moved into each engine; calls per sync (collectives, or with shared memory
-the barriers); buckets; peak extra resident memory during a sync; and two floors measured in the same run on the
-same rank: a plain copy of the model's HF tensors into preallocated buffers, and the engine ingesting the same full
-HF tensors already in memory (``update_weights`` with no conversion or communication). Goal: sync <= 1.3x the
-engine floor.
-"peak extra MB" is the resident-memory rise during a sync; "engine own MB" the rise during the engine-floor ingest
-(the engine's own re-materialisation), so the sync's own extra memory is roughly the difference.
+(rollout TP=1, external launcher). After one warm-up sync, ``--repeats`` timed syncs alternate with the engine floor:
+the engine ingesting the same full HF tensors already in memory (``update_weights`` with no conversion or
+communication), so that drift on a busy machine hits both alike. "sync/ingest" is the median of those paired
+ratios, on the worst rank. Goal: sync <= 1.3x the engine floor.
+
+Columns: seconds per sync (median) with the default transport (shared memory between ranks on one host);
+"producer s", the part of it spent producing tensors (assembling and converting buckets, waiting for the other
+ranks) rather than in the engine; "gloo s", the same sync over gloo broadcasts, as a peer; bytes moved into each
+engine; calls per sync (collectives, or with shared memory the barriers and slot checks); buckets; "remaps":
+shared-memory slots mapped afresh during the timed syncs (all ranks) because the engine still referenced them;
+"shm MB": the two shared-memory slots, mapped once and shared by the host's ranks; "peak extra MB", the
+resident-memory rise during a sync; "engine own MB", the rise during the engine floor (the engine's own
+re-materialisation; the sync's own extra memory is roughly the difference); the largest bucket plus the largest
+tensor; "copy s", a plain copy of the model's HF tensors into preallocated buffers (the other floor).
 """
 from __future__ import annotations
 
@@ -111,27 +116,28 @@ def rank_main(args) -> None:
     counted = {}
 
     def counting(stream):
-        counted["bytes"] = 0
-        for name, t in stream:
-            counted["bytes"] += t.numel() * t.element_size()
-            yield name, t
+        """Counts the bytes, and the seconds spent producing them (assembling and converting buckets, waiting for
+        the other ranks) as opposed to the engine's own ingest."""
+        counted["bytes"], counted["producer_s"] = 0, 0.0
+        while True:
+            start = time.perf_counter()
+            item = next(stream, None)
+            counted["producer_s"] += time.perf_counter() - start
+            if item is None:
+                return
+            counted["bytes"] += item[1].numel() * item[1].element_size()
+            yield item
 
-    def timed_syncs(source) -> tuple[float, int]:
-        """Median seconds of 3 syncs and the largest resident-memory rise during one."""
-        syncs, peaks = [], []
-        for _ in range(3):
-            torch.distributed.barrier()
-            with PeakRss() as mem:
-                start = time.perf_counter()
-                rollout.update_weights(counting(source.stream()))
-                syncs.append(time.perf_counter() - start)
-            peaks.append(mem.extra)
-        return statistics.median(syncs), max(peaks)
+    def timed(push) -> tuple[float, int]:
+        """Seconds of one push, and the resident-memory rise during it."""
+        torch.distributed.barrier()
+        with PeakRss() as mem:
+            start = time.perf_counter()
+            push()
+            seconds = time.perf_counter() - start
+        return seconds, mem.extra
 
     rollout.update_weights(resharder.stream())   # warm-up: the first load into a fresh engine is 2-3x slower
-    sync_s, peak = timed_syncs(resharder)
-    collectives = resharder.counters.collectives
-    peer_s = timed_syncs(peer)[0] if peer else float("nan")
     full = [(n, t.clone()) for n, t in resharder.stream()]       # the same tensors, fully in memory
     largest = max(t.numel() * t.element_size() for _, t in full)
     dest = [torch.empty_like(t) for _, t in full]
@@ -142,18 +148,29 @@ def rank_main(args) -> None:
             d.copy_(t)
         copies.append(time.perf_counter() - start)
     del dest
-    ingests, ingest_peaks = [], []
-    for _ in range(3):
-        torch.distributed.barrier()
-        with PeakRss() as mem:
-            start = time.perf_counter()
-            rollout.update_weights(iter(full))
-            ingests.append(time.perf_counter() - start)
-        ingest_peaks.append(mem.extra)
-    result = dict(rank=torch.distributed.get_rank(), sync_s=sync_s, peer_s=peer_s, bytes=counted["bytes"],
-                  collectives=collectives, buckets=len(resharder.buckets), peak_extra_bytes=peak,
-                  ingest_peak_extra_bytes=max(ingest_peaks), bucket_bytes=resharder.counters.peak_bucket_bytes,
-                  largest_tensor_bytes=largest, copy_s=min(copies), ingest_s=statistics.median(ingests))
+    exchange = resharder.exchange
+    remapped_before = getattr(exchange, "remapped", 0)
+    syncs, peaks, producing, ingests, ingest_peaks = [], [], [], [], []
+    for _ in range(args.repeats):   # interleaved, so that drift on a busy machine hits the sync and its floor alike
+        seconds, peak = timed(lambda: rollout.update_weights(counting(resharder.stream())))
+        syncs.append(seconds)
+        peaks.append(peak)
+        producing.append(counted["producer_s"])
+        seconds, peak = timed(lambda: rollout.update_weights(iter(full)))
+        ingests.append(seconds)
+        ingest_peaks.append(peak)
+    collectives = resharder.counters.collectives
+    remaps = getattr(exchange, "remapped", 0) - remapped_before
+    slots_bytes = sum(s.numel() for s in getattr(exchange, "slots", []))
+    peer_s = statistics.median(timed(lambda: rollout.update_weights(peer.stream()))[0] for _ in range(2)) \
+        if peer else float("nan")
+    result = dict(rank=torch.distributed.get_rank(), sync_s=statistics.median(syncs), peer_s=peer_s,
+                  bytes=counted["bytes"], collectives=collectives, buckets=len(resharder.buckets),
+                  peak_extra_bytes=max(peaks), remaps=remaps, slots_bytes=slots_bytes,
+                  producer_s=statistics.median(producing), ingest_peak_extra_bytes=max(ingest_peaks),
+                  bucket_bytes=resharder.counters.peak_bucket_bytes, largest_tensor_bytes=largest,
+                  copy_s=min(copies), ingest_s=statistics.median(ingests),
+                  ratio=statistics.median(s / i for s, i in zip(syncs, ingests)))
     with open(os.path.join(args.out, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
     rollout.stop()
@@ -164,6 +181,7 @@ def main() -> int:
     parser.add_argument("--layouts", default="tp1,tp2,pp2")
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=5, help="timed syncs, each followed by its engine floor")
     parser.add_argument("--rank-of", dest="layout", help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -176,28 +194,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
         make_checkpoint(ckpt, args.dtype)
         params = None
-        columns = ["layout", "sync s", "gloo s", "MB moved", "collectives", "buckets", "peak extra MB",
-                   "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest", "sync/copy"]
+        columns = ["layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
+                   "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest",
+                   "sync/copy"]
         print(" ".join(f"{c:>{max(len(c), 7)}}" for c in columns))
         for layout in args.layouts.split(","):
             world = LAYOUTS[layout][0]
             with tempfile.TemporaryDirectory() as out:
                 cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
                        "--master_port=29613", __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
-                       "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype]
+                       "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype, "--repeats", str(args.repeats)]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
                     print(f"{layout}: failed\n{proc.stderr[-3000:]}")
                     continue
                 ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
-            worst = max(ranks, key=lambda r: r["sync_s"])
+            worst = max(ranks, key=lambda r: r["ratio"])
             params = worst["bytes"] // (4 if args.dtype == "float32" else 2)
             mb = 1 << 20
-            row = [layout, f"{worst['sync_s']:.2f}", f"{worst['peer_s']:.2f}", f"{worst['bytes'] / mb:.0f}",
-                   worst["collectives"], worst["buckets"], f"{max(r['peak_extra_bytes'] for r in ranks) / mb:.0f}",
+            row = [layout, f"{worst['sync_s']:.2f}", f"{worst['producer_s']:.2f}", f"{worst['peer_s']:.2f}",
+                   f"{worst['bytes'] / mb:.0f}",
+                   worst["collectives"], worst["buckets"], sum(r["remaps"] for r in ranks),
+                   f"{worst['slots_bytes'] / mb:.0f}", f"{max(r['peak_extra_bytes'] for r in ranks) / mb:.0f}",
                    f"{max(r['ingest_peak_extra_bytes'] for r in ranks) / mb:.0f}",
                    f"{(worst['bucket_bytes'] + worst['largest_tensor_bytes']) / mb:.0f}", f"{worst['copy_s']:.2f}",
-                   f"{worst['ingest_s']:.2f}", f"{worst['sync_s'] / worst['ingest_s']:.2f}",
+                   f"{worst['ingest_s']:.2f}", f"{worst['ratio']:.2f}",
                    f"{worst['sync_s'] / worst['copy_s']:.1f}"]
             print(" ".join(f"{v:>{max(len(c), 7)}}" for c, v in zip(columns, row)))
         if params:

@@ -6,12 +6,14 @@ dictionary keyed by the concrete Megatron name, so converting a tensor is a look
 
 Every rule converts in both directions and knows its tensor-parallel layout:
 ``to_hf(shards)`` takes the TP shards of one Megatron parameter (a single-element list at TP=1) and returns full
-HF tensors; ``from_hf(hf, tp_rank, tp_size)`` returns this rank's Megatron shard from full HF tensors.
+HF tensors; ``from_hf(hf, tp_rank, tp_size)`` returns this rank's Megatron shard from full HF tensors;
+``shard_view(full, tp_rank, tp_size)`` is the view of the full Megatron tensor that a TP rank's shard occupies (where
+the weight sync writes the shard). ``tp_dim`` is the dimension Megatron splits (None: replicated).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 import torch
 
@@ -55,6 +57,9 @@ class Rename:
             t = torch.cat([t, t.new_zeros(padded_shape[0] * tp_size - t.shape[0], *t.shape[1:])])
         return _shard(t, self.tp_dim, tp_rank, tp_size)
 
+    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+        return _shard(full, self.tp_dim, tp_rank, tp_size)
+
 
 @dataclass(frozen=True)
 class FusedQKV:
@@ -64,6 +69,7 @@ class FusedQKV:
     q: str
     k: str
     v: str
+    tp_dim: ClassVar[int] = 0
 
     def hf_names(self) -> list[str]:
         return [self.q, self.k, self.v]
@@ -82,7 +88,10 @@ class FusedQKV:
         q, k, v = (hf[n] for n in (self.q, self.k, self.v))
         hidden = q.shape[-1]
         fused = torch.cat([q.view(g, per_group * d, hidden), k.view(g, d, hidden), v.view(g, d, hidden)], dim=1)
-        return _shard(fused.reshape(-1, hidden), 0, tp_rank, tp_size)
+        return self.shard_view(fused.reshape(-1, hidden), tp_rank, tp_size)
+
+    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+        return _shard(full, 0, tp_rank, tp_size)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class FusedGateUp:
     megatron: str
     gate: str
     up: str
+    tp_dim: ClassVar[int] = 0
 
     def hf_names(self) -> list[str]:
         return [self.gate, self.up]
@@ -104,6 +114,10 @@ class FusedGateUp:
     def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
         gate, up = hf[self.gate], hf[self.up]
         return torch.cat([_shard(gate, 0, tp_rank, tp_size), _shard(up, 0, tp_rank, tp_size)])
+
+    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+        """[gate_i; up_i]: rows i of each half, a [2, rows, ...] view."""
+        return full.view(2, tp_size, -1, *full.shape[1:])[:, tp_rank]
 
 
 class WeightConverter:

@@ -1,19 +1,20 @@
 """Train layout -> rollout layout, per tensor and bucketed.
 
-Every rank of every stage walks the same global plan (all parameters of all pipeline stages, in a fixed order),
-cut into buckets of at most ``bucket_bytes`` of full (unsharded) tensors. Per bucket:
+Every rank walks the same global plan: every parameter of the whole model (all pipeline stages, all experts), as a
+full (unsharded) Megatron tensor, cut into buckets of at most ``bucket_bytes``; the stages' tensors interleave, so
+that every stage supplies part of every bucket. Each piece of a
+tensor (a TP shard; a stage's or an expert-parallel rank's whole tensor) has one *writer*, the lowest global rank
+holding it. Per bucket:
 
-1. the owning pipeline stage gathers its TP shards (or, for experts, the EP group's experts) with **one** gather of a
-   flat buffer over the group;
-2. the model plugin's rules turn the Megatron tensors into HF-named full tensors;
-3. with PP > 1, the owning stage sends them to the other stages with **one** broadcast of a flat buffer over the
-   pipeline group.
+1. the exchange assembles the bucket's full Megatron tensors in one flat buffer, each writer supplying its pieces
+   (``rlcore.engine.transport``: written in place into shared memory by ranks on one host, one broadcast per writer
+   otherwise) — tensors that every rank holds whole (everything at TP1/PP1, norms replicated over TP under DP) are
+   not exchanged at all;
+2. the model plugin's rules turn each full Megatron tensor into HF-named tensors (views where the layouts allow).
 
-Gathers and broadcasts go through ``rlcore.engine.transport``: shared memory between CPU ranks on one host,
-torch.distributed collectives otherwise.
-
-The result is a generator of (HF name, full tensor) that the rollout engine consumes as it loads; the collectives
-happen lazily as buckets are pulled, in the same order on every rank. No rank ever holds more than one bucket.
+The result is a generator of (HF name, full tensor) that the rollout engine consumes as it loads; the exchange
+happens lazily as buckets are pulled, in the same order on every rank. No rank ever holds more than a bucket of
+exchanged tensors (two with shared memory, whose slots alternate).
 """
 from __future__ import annotations
 
@@ -33,21 +34,21 @@ _EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 @dataclass(frozen=True)
 class ParamEntry:
-    name: str                      # global Megatron name (layer indices counted over the whole model)
-    local_shape: tuple[int, ...]   # this TP rank's shard
+    name: str                      # global Megatron name (layer and expert indices counted over the whole model)
+    shape: tuple[int, ...]         # the full, unsharded Megatron tensor
     dtype: torch.dtype
-    tp_sharded: bool
-    stage: int                     # owning pipeline stage
-    hf: tuple[tuple[str, tuple[int, ...]], ...]   # the HF tensors this parameter becomes, with full shapes
-    ep_names: tuple[str, ...] = () # expert parameter under EP: its global name on each expert-parallel rank
+    tp_dim: int | None             # split into len(writers) TP shards along this dimension; None: whole
+    writers: tuple[int, ...]       # the global rank that supplies shard i
+    everywhere: bool               # every rank holds it whole: converted from the local copy, never exchanged
+    hf: tuple[tuple[str, tuple[int, ...]], ...]   # the HF tensors it becomes, with their shapes
+
+    @property
+    def numel(self) -> int:
+        return _numel(self.shape)
 
     @property
     def full_numel(self) -> int:
         return sum(_numel(s) for _, s in self.hf)
-
-    @property
-    def local_bytes(self) -> int:
-        return _numel(self.local_shape) * self.dtype.itemsize
 
     @property
     def full_bytes(self) -> int:
@@ -56,9 +57,14 @@ class ParamEntry:
 
 @dataclass
 class Bucket:
-    stage: int
     entries: list[ParamEntry] = field(default_factory=list)
-    full_bytes: int = 0
+    offsets: list[int] = field(default_factory=list)   # each exchanged entry's place in the flat buffer
+    numel: int = 0                                      # of the exchanged entries
+    full_bytes: int = 0                                 # of the HF tensors
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.entries[0].dtype
 
 
 @dataclass
@@ -108,131 +114,134 @@ def is_expert(param: torch.Tensor) -> bool:
     return getattr(param, "rlcore_expert", False) or getattr(param, "allreduce", True) is False
 
 
+@dataclass(frozen=True)
+class _Held:
+    """One tensor as one rank holds it: shard ``index`` of ``count``."""
+    name: str
+    index: int
+    count: int
+    tp_dim: int | None
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
 class Resharder:
-    """Built once per model; ``stream()`` yields the full HF weights for the rollout engine on every rank."""
+    """Built once per model (collective over the default group); ``stream()`` yields the full HF weights for the
+    rollout engine on every rank."""
 
     def __init__(self, model: torch.nn.Module, converter: WeightConverter, bucket_bytes: int = 256 << 20,
                  transport: str = "auto"):
         from megatron.core import parallel_state as mpu
 
         self.model, self.converter, self.bucket_bytes = model, converter, bucket_bytes
-        self.tp_size, self.tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
-        self.pp_group = mpu.get_pipeline_model_parallel_group()
-        self.pp_size = mpu.get_pipeline_model_parallel_world_size()
-        self.stage = mpu.get_pipeline_model_parallel_rank()
-        self.ep_size, self.ep_rank = mpu.get_expert_model_parallel_world_size(), mpu.get_expert_model_parallel_rank()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        tp_size, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
         self.local: dict[str, torch.Tensor] = {}
-        entries = []
+        held = []
         for local_name, param in named_weights(model, converter):
-            expert = self.ep_size > 1 and is_expert(param)
-            ep_names = tuple(global_name(model, local_name, r) for r in range(self.ep_size)) if expert else ()
-            name = ep_names[0] if expert else global_name(model, local_name)
+            name = global_name(model, local_name)
             self.local[name] = param
-            entries.append(self._entry(name, param, ep_names))
-        if self.pp_size > 1:   # every stage learns the other stages' parameters once
-            per_stage: list = [None] * self.pp_size
-            dist.all_gather_object(per_stage, entries, group=self.pp_group)
-            entries = [e for stage_entries in per_stage for e in stage_entries]
-        self.buckets = self._cut(entries)
+            sharded = tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)
+            held.append(_Held(name, tp_rank if sharded else 0, tp_size if sharded else 1,
+                              self._tp_dim(name, param) if sharded else None, tuple(param.shape), param.dtype))
+        everyone: list = [None] * self.world   # every rank learns what every other rank holds, once
+        dist.all_gather_object(everyone, (mpu.get_pipeline_model_parallel_rank(), held))
+        self.buckets = self._cut(self._plan(everyone))
         self.counters = SyncCounters()
-        own = [b for b in self.buckets if b.stage == self.stage]   # exchange capacities: the largest bucket's piece
-        tp_bytes = max([sum(e.local_bytes for e in b.entries if e.tp_sharded) for b in own], default=0)
-        ep_bytes = max([sum(e.local_bytes for e in b.entries) for b in own if b.entries[0].ep_names], default=0)
-        pp_bytes = max(b.full_bytes for b in self.buckets)
-        self.tp = make_exchange(mpu.get_tensor_model_parallel_group(), tp_bytes, transport)
-        self.ep = make_exchange(mpu.get_expert_model_parallel_group(), ep_bytes, transport)
-        self.pp = make_exchange(self.pp_group, pp_bytes, transport)
+        capacity = max((b.numel * b.dtype.itemsize for b in self.buckets), default=0)
+        self.exchange = make_exchange(dist.group.WORLD, capacity, transport, next(model.parameters()).device)
 
-    def _entry(self, name: str, param: torch.Tensor, ep_names: tuple[str, ...]) -> ParamEntry:
-        sharded = self.tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False)) and not is_expert(param)
-        meta = torch.empty(param.shape, dtype=param.dtype, device="meta")
-        hf = [t for n in (ep_names or (name,)) for t in self.converter.to_hf(n, [meta] * (self.tp_size if sharded
-                                                                                             else 1))]
-        return ParamEntry(name, tuple(param.shape), param.dtype, sharded, self.stage,
-                          tuple((n, tuple(t.shape)) for n, t in hf), ep_names)
+    def _tp_dim(self, name: str, param: torch.Tensor) -> int:
+        dim = getattr(self.converter.rule(name), "tp_dim", None)
+        if dim is None or dim != getattr(param, "partition_dim", dim):
+            raise ValueError(f"Megatron splits {name!r} over tensor parallelism along dimension "
+                             f"{getattr(param, 'partition_dim', '?')}, but the model plugin's weight rule for it "
+                             f"says tp_dim={dim}: fix the rule's tp_dim")
+        return dim
+
+    def _plan(self, everyone: list) -> list[ParamEntry]:
+        """Position by position over all ranks (stage by stage within a position): the experts of one layer, held
+        by different expert-parallel ranks at the same local position, stay together; and the pipeline stages'
+        tensors interleave, so every stage writes into every bucket instead of the others waiting while one
+        writes its buckets alone."""
+        holders: dict[tuple[str, int], list[int]] = {}
+        first: dict[str, _Held] = {}
+        ranks = sorted(range(self.world), key=lambda r: everyone[r][0])
+        for position in range(max(len(held) for _, held in everyone)):
+            for r in ranks:
+                if position < len(everyone[r][1]):
+                    h = everyone[r][1][position]
+                    first.setdefault(h.name, h)
+                    holders.setdefault((h.name, h.index), []).append(r)
+        entries = []
+        for name, h in first.items():
+            shape = list(h.shape)
+            if h.tp_dim is not None:
+                shape[h.tp_dim] *= h.count
+            writers = tuple(min(holders[(name, i)]) for i in range(h.count))
+            everywhere = h.count == 1 and len(holders[(name, 0)]) == self.world
+            meta = torch.empty(shape, dtype=h.dtype, device="meta")
+            hf = tuple((n, tuple(t.shape)) for n, t in self.converter.to_hf(name, [meta]))
+            entries.append(ParamEntry(name, tuple(shape), h.dtype, h.tp_dim, writers, everywhere, hf))
+        return entries
 
     def _cut(self, entries: list[ParamEntry]) -> list[Bucket]:
-        """Consecutive parameters of one stage and dtype, up to bucket_bytes (a larger tensor gets its own)."""
+        """Consecutive tensors of one dtype, up to bucket_bytes of HF tensors (a larger tensor gets its own)."""
         buckets: list[Bucket] = []
         for e in entries:
             last = buckets[-1] if buckets else None
-            if (last is None or last.stage != e.stage or last.entries[-1].dtype != e.dtype
-                    or bool(last.entries[-1].ep_names) != bool(e.ep_names)
-                    or last.full_bytes + e.full_bytes > self.bucket_bytes):
-                last = Bucket(e.stage)
+            if last is None or last.dtype != e.dtype or last.full_bytes + e.full_bytes > self.bucket_bytes:
+                last = Bucket()
                 buckets.append(last)
             last.entries.append(e)
+            last.offsets.append(last.numel)
             last.full_bytes += e.full_bytes
+            if not e.everywhere:
+                last.numel += e.numel
         return buckets
 
     # --- the per-bucket pipeline ------------------------------------------------------------------------------
-    def _gathered_experts(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-        """Every expert-parallel rank holds other experts under the same local names: one gather over the EP group,
-        then each rank's piece is converted under that rank's global expert names."""
-        params = [self.local[e.name].detach() for e in bucket.entries]
-        pieces = self.ep.gather(params)
-        tensors: list[tuple[str, torch.Tensor]] = []   # in ParamEntry.hf order: parameter-major, then EP rank
-        offset = 0
-        for p, e in zip(params, bucket.entries):
-            for rank in range(self.ep_size):
-                shard = p if rank == self.ep_rank else pieces[rank][offset: offset + p.numel()].view(p.shape)
-                tensors.extend((n, self.ep.detach(t)) for n, t in self.converter.to_hf(e.ep_names[rank], [shard]))
-            offset += p.numel()
-        self.ep.release()
-        return tensors
+    def _full_view(self, buffer: torch.Tensor, entry: ParamEntry, offset: int) -> torch.Tensor:
+        return buffer[offset: offset + entry.numel].view(entry.shape)
 
-    def _gathered(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-        """On the owning stage: full HF tensors of the bucket (one gather over the TP group)."""
-        if bucket.entries[0].ep_names:
-            return self._gathered_experts(bucket)
-        params = [self.local[e.name].detach() for e in bucket.entries]
-        sharded = [p for p, e in zip(params, bucket.entries) if e.tp_sharded]
-        shards_of: dict[int, list[torch.Tensor]] = {}
-        if sharded:
-            pieces = self.tp.gather(sharded)
-            offset = 0
-            for p in sharded:
-                n = p.numel()
-                shards_of[id(p)] = [p if r == self.tp_rank else pieces[r][offset: offset + n].view(p.shape)
-                                    for r in range(self.tp_size)]
-                offset += n
-        tensors = [(n, t) for p, e in zip(params, bucket.entries)
-                   for n, t in self.converter.to_hf(e.name, shards_of.get(id(p), [p]))]
-        if sharded:   # keep nothing that aliases the exchange past its release
-            tensors = [(n, self.tp.detach(t)) for n, t in tensors]
-            self.tp.release()
-        return tensors
+    def _region(self, entry: ParamEntry, offset: int, shard: int):
+        """Where shard ``shard`` of ``entry`` lies in a bucket buffer."""
+        def place(buffer: torch.Tensor) -> torch.Tensor:
+            full = self._full_view(buffer, entry, offset)
+            if entry.tp_dim is None:
+                return full
+            return self.converter.rule(entry.name).shard_view(full, shard, len(entry.writers))
+        return place
 
-    def _broadcast(self, bucket: Bucket, tensors: list[tuple[str, torch.Tensor]] | None):
-        """Across pipeline stages: one broadcast of the bucket's HF tensors from the owning stage."""
-        names_shapes = [hs for e in bucket.entries for hs in e.hf]
-        total = sum(_numel(s) for _, s in names_shapes)
-        flat = self.pp.broadcast(None if tensors is None else [t for _, t in tensors], total,
-                                 bucket.entries[0].dtype, src=bucket.stage)
-        if tensors is None:   # the owning stage keeps its own tensors; the others copy theirs out of the exchange
-            tensors, offset = [], 0
-            for name, shape in names_shapes:
-                n = _numel(shape)
-                tensors.append((name, self.pp.detach(flat[offset: offset + n].view(shape))))
-                offset += n
-        self.pp.release()
-        return tensors
+    def _assembled(self, bucket: Bucket) -> torch.Tensor | None:
+        if not bucket.numel:
+            return None
+        regions: dict[int, list] = {}
+        own = []
+        for e, offset in zip(bucket.entries, bucket.offsets):
+            if e.everywhere:
+                continue
+            for shard, writer in enumerate(e.writers):
+                regions.setdefault(writer, []).append(self._region(e, offset, shard))
+                if writer == self.rank:
+                    own.append(self.local[e.name].detach())
+        return self.exchange.assemble(bucket.numel, bucket.dtype, regions, own)
 
     def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-        tensors = self._gathered(bucket) if bucket.stage == self.stage else None
-        if self.pp_size > 1:
-            tensors = self._broadcast(bucket, tensors)
+        buffer = self._assembled(bucket)
+        tensors = []
+        for e, offset in zip(bucket.entries, bucket.offsets):
+            full = self.local[e.name].detach() if e.everywhere else self._full_view(buffer, e, offset)
+            tensors.extend(self.converter.to_hf(e.name, [full]))
         self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,
                                               sum(t.numel() * t.element_size() for _, t in tensors))
         return tensors
 
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield every HF tensor, one bucket materialised at a time (peak extra memory: a bucket + its largest
-        tensor's conversion). A helper thread prefetching the next bucket was measured on CPU/gloo and gave
-        nothing (8.2 s either way at TP2: gloo's loopback bandwidth bounds it), so buckets are produced inline."""
-        exchanges = [x for x in (self.tp, self.ep, self.pp) if x is not None]
-        calls_before = sum(x.calls for x in exchanges)
+        """Yield every HF tensor, one bucket assembled at a time. A yielded tensor may alias the exchange's memory;
+        the exchange never overwrites memory that something still references."""
+        calls_before = self.exchange.calls if self.exchange else 0
         self.counters = SyncCounters()
         for bucket in self.buckets:
             yield from self._bucket_tensors(bucket)
-            self.counters.collectives = sum(x.calls for x in exchanges) - calls_before
+            self.counters.collectives = (self.exchange.calls if self.exchange else 0) - calls_before

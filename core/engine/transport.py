@@ -1,109 +1,116 @@
-"""How the resharder moves a bucket's flat buffers among the ranks of one process group.
+"""How the resharder assembles a bucket's full Megatron tensors from the pieces that ranks hold.
 
-Two ways, one interface:
+A bucket is one flat buffer holding full (unsharded) Megatron tensors. Every piece of it (a TP shard, a pipeline
+stage's whole tensor, an expert-parallel rank's expert) is supplied by exactly one *writer* rank, the lowest rank
+holding it. ``assemble(numel, dtype, regions, own)`` returns the buffer: ``regions[w]`` lists where writer ``w``'s
+pieces go (functions from the buffer to a view of it), ``own`` holds this rank's pieces, in the same order.
 
-- ``CollectiveExchange``: torch.distributed collectives (NCCL on GPU; gloo across hosts).
-- ``SharedMemoryExchange``: for CPU ranks that share a host. gloo moves bytes over loopback TCP at ~160 MB/s
-  (measured, docs/benchmarks.md); a memory-mapped segment per rank moves them at memcpy speed. Each rank writes its
-  piece into its own segment, a barrier publishes it, the others read it in place, and a second barrier
-  (``release``) says everyone has finished reading before the segment is reused.
-
-Pieces returned by ``gather``/``broadcast`` may alias the exchange's memory: they are valid until ``release()``;
-``detach`` copies out whatever a caller keeps longer.
+- ``SharedMemoryExchange``: for CPU ranks on one host. gloo moves bytes over loopback TCP at ~160 MB/s (measured,
+  docs/benchmarks.md); here every rank maps the same two buffers ("slots") in /dev/shm and writes its pieces
+  straight into place, so a bucket costs one write of each rank's own bytes and nothing is copied out afterwards:
+  the returned tensor *is* the slot. Buckets alternate between the slots. Before a slot is reused, every rank checks
+  that nothing still references it (a rollout engine may keep a layer's tensors until the layer is complete, or
+  until the end of the load); if anything does, the group maps a fresh slot and the old one lives on until its last
+  reference dies. Correct for any consumer; fast for one that lets go.
+- ``CollectiveExchange``: torch.distributed broadcasts, one per writer and bucket (NCCL on GPU; gloo across hosts).
+  Every call returns a fresh buffer.
 """
 from __future__ import annotations
 
 import os
 import socket
 import uuid
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-
-def _flat_into(tensors: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    torch.cat([t.reshape(-1) for t in tensors], out=out)
-    return out
+Region = Callable[[torch.Tensor], torch.Tensor]
 
 
 class CollectiveExchange:
-    """torch.distributed collectives; nothing it returns aliases reused memory."""
-
-    def __init__(self, group):
-        self.group, self.size = group, dist.get_world_size(group)
+    def __init__(self, group, device: torch.device):
+        self.group, self.rank, self.device = group, dist.get_rank(group), device
         self.calls = 0
 
-    def gather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every rank's concatenation of ``tensors`` (same sizes on every rank), as flat pieces in group order."""
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        out = torch.empty(self.size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        dist.all_gather_into_tensor(out, flat, group=self.group)
-        self.calls += 1
-        return list(out.view(self.size, -1))
-
-    def broadcast(self, tensors: list[torch.Tensor] | None, numel: int, dtype: torch.dtype, src: int) -> torch.Tensor:
-        """The source's concatenation of ``tensors`` (None elsewhere) on every rank; ``src`` is a group rank."""
-        flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors is not None else torch.empty(numel, dtype=dtype)
-        dist.broadcast(flat, src=dist.get_global_rank(self.group, src), group=self.group)
-        self.calls += 1
-        return flat
-
-    def release(self) -> None:
-        pass
-
-    def detach(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
+    def assemble(self, numel: int, dtype: torch.dtype, regions: dict[int, list[Region]],
+                 own: list[torch.Tensor]) -> torch.Tensor:
+        buffer = torch.empty(numel, dtype=dtype, device=self.device)
+        for writer in sorted(regions):
+            places = [place(buffer) for place in regions[writer]]
+            if writer == self.rank:
+                flat = torch.cat([t.reshape(-1) for t in own])
+            else:
+                flat = torch.empty(sum(p.numel() for p in places), dtype=dtype, device=self.device)
+            dist.broadcast(flat, src=dist.get_global_rank(self.group, writer), group=self.group)
+            self.calls += 1
+            offset = 0
+            for place in places:
+                place.copy_(flat[offset: offset + place.numel()].view(place.shape))
+                offset += place.numel()
+        return buffer
 
 
 class SharedMemoryExchange:
-    """One segment of ``capacity`` bytes per rank in /dev/shm, mapped by every rank of the group. The files are
-    unlinked as soon as all ranks have mapped them, so nothing is left behind if a process dies."""
+    """Two slots of ``capacity`` bytes in /dev/shm, mapped by every rank of the group. A slot's file is unlinked as
+    soon as all ranks have mapped it, so nothing is left behind if a process dies."""
 
     def __init__(self, group, capacity: int):
-        self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
-        self.calls = 0
+        self.group, self.rank = group, dist.get_rank(group)
+        self.capacity, self.calls, self.remapped = capacity, 0, 0
         token = [uuid.uuid4().hex if self.rank == 0 else None]
         dist.broadcast_object_list(token, src=dist.get_global_rank(group, 0), group=group)
-        paths = [f"/dev/shm/rlcore-sync-{token[0]}-{r}" for r in range(self.size)]
-        own = torch.UntypedStorage.from_file(paths[self.rank], shared=True, nbytes=capacity)
-        self._barrier()
-        storages = [own if r == self.rank else torch.UntypedStorage.from_file(p, shared=True, nbytes=capacity)
-                    for r, p in enumerate(paths)]
-        self._barrier()
-        os.unlink(paths[self.rank])
-        self._barrier()   # from here on no segment has a name
-        self.segments = [torch.empty(0, dtype=torch.uint8).set_(s) for s in storages]
-        self._spans = [(s.data_ptr(), s.data_ptr() + capacity) for s in storages]
-        self.capacity = capacity
+        self._prefix, self._maps = f"/dev/shm/rlcore-sync-{token[0]}", 0
+        self.slots = [self._map_slot(), self._map_slot()]
+        self._turn = 0
 
     def _barrier(self) -> None:
         dist.barrier(group=self.group)
         self.calls += 1
 
-    def _view(self, rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = numel * dtype.itemsize
-        if nbytes > self.capacity:
-            raise ValueError(f"shared-memory exchange: {nbytes} bytes exceed the planned {self.capacity}")
-        return self.segments[rank][:nbytes].view(dtype)
-
-    def gather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        numel = sum(t.numel() for t in tensors)
-        _flat_into(tensors, self._view(self.rank, numel, tensors[0].dtype))
+    def _map_slot(self) -> torch.Tensor:
+        """Collective: group rank 0 creates the file, everyone maps it, rank 0 unlinks it; on return it has no name."""
+        path = f"{self._prefix}-{self._maps}"
+        self._maps += 1
+        if self.rank == 0:
+            storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity)
         self._barrier()
-        return [self._view(r, numel, tensors[0].dtype) for r in range(self.size)]
-
-    def broadcast(self, tensors: list[torch.Tensor] | None, numel: int, dtype: torch.dtype, src: int) -> torch.Tensor:
-        if tensors is not None:
-            _flat_into(tensors, self._view(src, numel, dtype))
+        if self.rank != 0:
+            storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity)
         self._barrier()
-        return self._view(src, numel, dtype)
-
-    def release(self) -> None:
+        if self.rank == 0:
+            os.unlink(path)
         self._barrier()
+        return torch.empty(0, dtype=torch.uint8).set_(storage)
 
-    def detach(self, tensor: torch.Tensor) -> torch.Tensor:
-        ptr = tensor.untyped_storage().data_ptr()
-        return tensor.clone() if any(lo <= ptr < hi for lo, hi in self._spans) else tensor
+    @staticmethod
+    def _references(slot: torch.Tensor) -> int:
+        return torch._C._storage_Use_Count(slot.untyped_storage()._cdata)
+
+    def _next_slot(self) -> torch.Tensor:
+        """The slot the bucket before last used, once no rank references it any more (else a fresh one)."""
+        index = self._turn % len(self.slots)
+        self._turn += 1
+        # held elsewhere: more references than the slot tensor and the temporary storage object _references makes
+        held = torch.tensor([int(self._references(self.slots[index]) > 2)])
+        dist.all_reduce(held, op=dist.ReduceOp.MAX, group=self.group)
+        self.calls += 1
+        if held.item():
+            self.slots[index] = self._map_slot()
+            self.remapped += 1
+        return self.slots[index]
+
+    def assemble(self, numel: int, dtype: torch.dtype, regions: dict[int, list[Region]],
+                 own: list[torch.Tensor]) -> torch.Tensor:
+        if numel * dtype.itemsize > self.capacity:
+            raise ValueError(f"shared-memory exchange: {numel * dtype.itemsize} bytes exceed the planned "
+                             f"{self.capacity}")
+        buffer = self._next_slot()[: numel * dtype.itemsize].view(dtype)
+        for place, tensor in zip(regions.get(self.rank, []), own):
+            view = place(buffer)
+            view.copy_(tensor.view(view.shape))
+        self._barrier()   # every piece is in place
+        return buffer
 
 
 def _same_host(group) -> bool:
@@ -114,17 +121,17 @@ def _same_host(group) -> bool:
     return all(h == here for h in everyone)
 
 
-def make_exchange(group, capacity: int, transport: str = "auto"):
+def make_exchange(group, capacity: int, transport: str = "auto", device: torch.device = torch.device("cpu")):
     """``auto``: shared memory when the group is on gloo (CPU tensors) and all its ranks share this host, else
     collectives. ``shm`` insists on shared memory; ``collectives`` never uses it (the benchmark's peer).
-    None for a group of one rank: there is nothing to exchange."""
-    if dist.get_world_size(group) == 1:
-        return None
+    None when there is nothing to exchange (``capacity`` 0: every rank holds every tensor whole)."""
     if transport not in ("auto", "shm", "collectives"):
         raise ValueError(f"weight-sync transport {transport!r}: expected auto, shm or collectives")
-    if transport == "collectives" or capacity == 0:
-        return CollectiveExchange(group)
+    if capacity == 0:
+        return None
+    if transport == "collectives":
+        return CollectiveExchange(group, device)
     shareable = dist.get_backend(group) == "gloo" and _same_host(group)
     if transport == "shm" and not shareable:
         raise ValueError("weight-sync transport 'shm' needs a gloo group whose ranks all run on one host")
-    return SharedMemoryExchange(group, capacity) if shareable else CollectiveExchange(group)
+    return SharedMemoryExchange(group, capacity) if shareable else CollectiveExchange(group, device)

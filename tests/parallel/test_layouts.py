@@ -21,6 +21,8 @@ LAYOUTS = {
     "cp2": ["trainer.world_size=2", "actor.parallel.cp=2"],
     "tp2xcp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.cp=2"],
     "tp2-sp": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.parallel.sp=true"],
+    # the weight sync over torch.distributed broadcasts instead of shared memory (what multi-host runs use)
+    "tp2-collectives": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.sync_transport=collectives"],
     # Qwen3-MoE, experts split over 2 ranks; a short warm start is enough for a logprob check
     "moe-ep2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2", "actor.parallel.ep=2"],
     "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2",
