@@ -117,7 +117,7 @@ class RolloutConfig:
                                   # fill its batch with kept groups (it trains on what it has after the last)
     sync_bucket_mb: float = 256   # weight sync moves full tensors in buckets of at most this many MB
     sync_transport: str = "auto"  # auto | shm | collectives: how ranks exchange shards during a sync (auto: shared
-                                  # memory between CPU ranks on one host, torch.distributed collectives otherwise)
+                                  # memory between CPU ranks on one host, torch.distributed broadcasts otherwise)
 
 
 @dataclass
