@@ -7,8 +7,9 @@ dictionary keyed by the concrete Megatron name, so converting a tensor is a look
 Every rule converts in both directions and knows its tensor-parallel layout:
 ``to_hf(shards)`` takes the TP shards of one Megatron parameter (a single-element list at TP=1) and returns full
 HF tensors; ``from_hf(hf, tp_rank, tp_size)`` returns this rank's Megatron shard from full HF tensors;
-``shard_view(full, tp_rank, tp_size)`` is the view of the full Megatron tensor that a TP rank's shard occupies (where
-the weight sync writes the shard). ``tp_dim`` is the dimension Megatron splits (None: replicated).
+``shard_to_hf(shard, hf, tp_rank, tp_size)`` says where a TP rank's shard lands in the full HF tensors, as (view of
+``hf``, view of ``shard``) pairs: the weight sync copies each rank's shard straight into HF layout, so that no rank
+converts afterwards. ``tp_dim`` is the dimension Megatron splits (None: replicated).
 """
 from __future__ import annotations
 
@@ -57,8 +58,12 @@ class Rename:
             t = torch.cat([t, t.new_zeros(padded_shape[0] * tp_size - t.shape[0], *t.shape[1:])])
         return _shard(t, self.tp_dim, tp_rank, tp_size)
 
-    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-        return _shard(full, self.tp_dim, tp_rank, tp_size)
+    def shard_to_hf(self, shard, hf, tp_rank: int, tp_size: int, layout: Layout):
+        if not self.vocab:
+            return [(_shard(hf[0], self.tp_dim, tp_rank, tp_size), shard)]
+        start = tp_rank * shard.shape[0] if self.tp_dim == 0 else 0   # padding rows beyond the vocabulary are dropped
+        rows = hf[0][start: min(start + shard.shape[0], layout.vocab_size)]
+        return [(rows, shard[: rows.shape[0]])]
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,17 @@ class FusedQKV:
         q, k, v = (hf[n] for n in (self.q, self.k, self.v))
         hidden = q.shape[-1]
         fused = torch.cat([q.view(g, per_group * d, hidden), k.view(g, d, hidden), v.view(g, d, hidden)], dim=1)
-        return self.shard_view(fused.reshape(-1, hidden), tp_rank, tp_size)
+        return _shard(fused.reshape(-1, hidden), 0, tp_rank, tp_size)
 
-    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-        return _shard(full, 0, tp_rank, tp_size)
+    def shard_to_hf(self, shard, hf, tp_rank: int, tp_size: int, layout: Layout):
+        g, d = layout.num_query_groups, layout.head_dim
+        per_group = layout.num_heads // g
+        hidden = shard.shape[-1]
+        groups = shard.shape[0] // ((per_group + 2) * d)          # the query groups this rank holds
+        first = tp_rank * groups
+        sources = shard.view(groups, per_group + 2, d, hidden).split([per_group, 1, 1], dim=1)
+        heads = (per_group, 1, 1)
+        return [(t.view(g, n, d, hidden)[first: first + groups], src) for t, n, src in zip(hf, heads, sources)]
 
 
 @dataclass(frozen=True)
@@ -115,9 +127,9 @@ class FusedGateUp:
         gate, up = hf[self.gate], hf[self.up]
         return torch.cat([_shard(gate, 0, tp_rank, tp_size), _shard(up, 0, tp_rank, tp_size)])
 
-    def shard_view(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
-        """[gate_i; up_i]: rows i of each half, a [2, rows, ...] view."""
-        return full.view(2, tp_size, -1, *full.shape[1:])[:, tp_rank]
+    def shard_to_hf(self, shard, hf, tp_rank: int, tp_size: int, layout: Layout):
+        gate, up = shard.chunk(2, 0)
+        return [(_shard(hf[0], 0, tp_rank, tp_size), gate), (_shard(hf[1], 0, tp_rank, tp_size), up)]
 
 
 class WeightConverter:

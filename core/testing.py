@@ -98,6 +98,12 @@ def assert_tp_conversion_exact(model, converter, path: str, tp: int = 2) -> int:
         assert all(s.shape == torch.Size(shape) for s in shards), name
         for hf_name, tensor in rule.to_hf(shards, converter.layout):
             assert torch.equal(tensor, hf[hf_name]), (name, hf_name)
+        placed = [torch.full_like(hf[n], float("nan")) for n in rule.hf_names()]   # the weight sync's direct path
+        for r, shard in enumerate(shards):
+            for view, source in rule.shard_to_hf(shard, placed, r, tp, converter.layout):
+                view.copy_(source)
+        for hf_name, tensor in zip(rule.hf_names(), placed):
+            assert torch.equal(tensor, hf[hf_name]), (name, hf_name, "shard_to_hf")
         checked += 1
     return checked
 

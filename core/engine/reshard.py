@@ -6,11 +6,11 @@ that every stage supplies part of every bucket. Each piece of a
 tensor (a TP shard; a stage's or an expert-parallel rank's whole tensor) has one *writer*, the lowest global rank
 holding it. Per bucket:
 
-1. the exchange assembles the bucket's full Megatron tensors in one flat buffer, each writer supplying its pieces
-   (``rlcore.engine.transport``: written in place into shared memory by ranks on one host, one broadcast per writer
-   otherwise) — tensors that every rank holds whole (everything at TP1/PP1, norms replicated over TP under DP) are
-   not exchanged at all;
-2. the model plugin's rules turn each full Megatron tensor into HF-named tensors (views where the layouts allow).
+1. the exchange assembles the bucket's full HF tensors in one flat buffer, each writer copying its pieces straight
+   into HF layout through the model plugin's rules (``shard_to_hf``) — written in place into shared memory by ranks
+   on one host, one broadcast per writer otherwise (``rlcore.engine.transport``); the engine gets views of it;
+2. tensors that every rank holds whole (everything at TP1/PP1, norms replicated over TP) are not exchanged: the
+   rules convert them locally (``to_hf``: views where the layouts allow).
 
 The result is a generator of (HF name, full tensor) that the rollout engine consumes as it loads; the exchange
 happens lazily as buckets are pulled, in the same order on every rank. No rank ever holds more than a bucket of
@@ -35,16 +35,12 @@ _EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 @dataclass(frozen=True)
 class ParamEntry:
     name: str                      # global Megatron name (layer and expert indices counted over the whole model)
-    shape: tuple[int, ...]         # the full, unsharded Megatron tensor
+    shard_shape: tuple[int, ...]   # one rank's shard (the whole tensor when tp_dim is None)
     dtype: torch.dtype
     tp_dim: int | None             # split into len(writers) TP shards along this dimension; None: whole
     writers: tuple[int, ...]       # the global rank that supplies shard i
     everywhere: bool               # every rank holds it whole: converted from the local copy, never exchanged
     hf: tuple[tuple[str, tuple[int, ...]], ...]   # the HF tensors it becomes, with their shapes
-
-    @property
-    def numel(self) -> int:
-        return _numel(self.shape)
 
     @property
     def full_numel(self) -> int:
@@ -58,9 +54,9 @@ class ParamEntry:
 @dataclass
 class Bucket:
     entries: list[ParamEntry] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)   # each exchanged entry's place in the flat buffer
-    numel: int = 0                                      # of the exchanged entries
-    full_bytes: int = 0                                 # of the HF tensors
+    offsets: list[int] = field(default_factory=list)   # each exchanged entry's HF tensors' place in the buffer
+    numel: int = 0                                      # of the exchanged entries' HF tensors
+    full_bytes: int = 0                                 # of all the HF tensors
 
     @property
     def dtype(self) -> torch.dtype:
@@ -182,7 +178,7 @@ class Resharder:
             everywhere = h.count == 1 and len(holders[(name, 0)]) == self.world
             meta = torch.empty(shape, dtype=h.dtype, device="meta")
             hf = tuple((n, tuple(t.shape)) for n, t in self.converter.to_hf(name, [meta]))
-            entries.append(ParamEntry(name, tuple(shape), h.dtype, h.tp_dim, writers, everywhere, hf))
+            entries.append(ParamEntry(name, h.shape, h.dtype, h.tp_dim, writers, everywhere, hf))
         return entries
 
     def _cut(self, entries: list[ParamEntry]) -> list[Bucket]:
@@ -197,42 +193,49 @@ class Resharder:
             last.offsets.append(last.numel)
             last.full_bytes += e.full_bytes
             if not e.everywhere:
-                last.numel += e.numel
+                last.numel += e.full_numel
         return buckets
 
     # --- the per-bucket pipeline ------------------------------------------------------------------------------
-    def _full_view(self, buffer: torch.Tensor, entry: ParamEntry, offset: int) -> torch.Tensor:
-        return buffer[offset: offset + entry.numel].view(entry.shape)
+    def _hf_views(self, buffer: torch.Tensor, entry: ParamEntry, offset: int) -> list[torch.Tensor]:
+        views = []
+        for _, shape in entry.hf:
+            views.append(buffer[offset: offset + _numel(shape)].view(shape))
+            offset += _numel(shape)
+        return views
 
-    def _region(self, entry: ParamEntry, offset: int, shard: int):
-        """Where shard ``shard`` of ``entry`` lies in a bucket buffer."""
-        def place(buffer: torch.Tensor) -> torch.Tensor:
-            full = self._full_view(buffer, entry, offset)
-            if entry.tp_dim is None:
-                return full
-            return self.converter.rule(entry.name).shard_view(full, shard, len(entry.writers))
-        return place
+    def _pieces(self, buffer: torch.Tensor, entry: ParamEntry, offset: int, index: int, shard: torch.Tensor):
+        """(view of the bucket buffer, view of the shard) pairs: where shard ``index`` of ``entry`` lands."""
+        return self.converter.rule(entry.name).shard_to_hf(shard, self._hf_views(buffer, entry, offset), index,
+                                                           len(entry.writers), self.converter.layout)
 
     def _assembled(self, bucket: Bucket) -> torch.Tensor | None:
         if not bucket.numel:
             return None
         regions: dict[int, list] = {}
         own = []
+        stand_in = torch.empty(bucket.numel, dtype=bucket.dtype, device="meta")   # to pair views without memory
         for e, offset in zip(bucket.entries, bucket.offsets):
             if e.everywhere:
                 continue
-            for shard, writer in enumerate(e.writers):
-                regions.setdefault(writer, []).append(self._region(e, offset, shard))
+            meta = torch.empty(e.shard_shape, dtype=e.dtype, device="meta")
+            for index, writer in enumerate(e.writers):
+                regions.setdefault(writer, []).append(
+                    lambda buffer, e=e, offset=offset, index=index, meta=meta:
+                    [view for view, _ in self._pieces(buffer, e, offset, index, meta)])
                 if writer == self.rank:
-                    own.append(self.local[e.name].detach())
+                    local = self.local[e.name].detach()
+                    own.append([source for _, source in self._pieces(stand_in, e, offset, index, local)])
         return self.exchange.assemble(bucket.numel, bucket.dtype, regions, own)
 
     def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
         buffer = self._assembled(bucket)
         tensors = []
         for e, offset in zip(bucket.entries, bucket.offsets):
-            full = self.local[e.name].detach() if e.everywhere else self._full_view(buffer, e, offset)
-            tensors.extend(self.converter.to_hf(e.name, [full]))
+            if e.everywhere:
+                tensors.extend(self.converter.to_hf(e.name, [self.local[e.name].detach()]))
+            else:
+                tensors.extend(zip((n for n, _ in e.hf), self._hf_views(buffer, e, offset)))
         self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,
                                               sum(t.numel() * t.element_size() for _, t in tensors))
         return tensors

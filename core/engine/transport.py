@@ -1,9 +1,10 @@
 """How the resharder assembles a bucket's full Megatron tensors from the pieces that ranks hold.
 
-A bucket is one flat buffer holding full (unsharded) Megatron tensors. Every piece of it (a TP shard, a pipeline
-stage's whole tensor, an expert-parallel rank's expert) is supplied by exactly one *writer* rank, the lowest rank
-holding it. ``assemble(numel, dtype, regions, own)`` returns the buffer: ``regions[w]`` lists where writer ``w``'s
-pieces go (functions from the buffer to a view of it), ``own`` holds this rank's pieces, in the same order.
+A bucket is one flat buffer holding full HF tensors. Every piece of it (a TP shard, a pipeline stage's whole tensor,
+an expert-parallel rank's expert) is supplied by exactly one *writer* rank, the lowest rank holding it.
+``assemble(numel, dtype, regions, own)`` returns the buffer: ``regions[w]`` lists where writer ``w``'s pieces go
+(each a function from the buffer to the views of it that one piece fills), ``own`` holds this rank's pieces, in the
+same order, each as the source views matching those.
 
 - ``SharedMemoryExchange``: for CPU ranks on one host. gloo moves bytes over loopback TCP at ~160 MB/s (measured,
   docs/benchmarks.md); here every rank maps the same two buffers ("slots") in /dev/shm and writes its pieces
@@ -25,7 +26,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-Region = Callable[[torch.Tensor], torch.Tensor]
+Region = Callable[[torch.Tensor], list[torch.Tensor]]
 
 
 class CollectiveExchange:
@@ -34,12 +35,12 @@ class CollectiveExchange:
         self.calls = 0
 
     def assemble(self, numel: int, dtype: torch.dtype, regions: dict[int, list[Region]],
-                 own: list[torch.Tensor]) -> torch.Tensor:
+                 own: list[list[torch.Tensor]]) -> torch.Tensor:
         buffer = torch.empty(numel, dtype=dtype, device=self.device)
         for writer in sorted(regions):
-            places = [place(buffer) for place in regions[writer]]
+            places = [view for place in regions[writer] for view in place(buffer)]
             if writer == self.rank:
-                flat = torch.cat([t.reshape(-1) for t in own])
+                flat = torch.cat([t.reshape(-1) for piece in own for t in piece])
             else:
                 flat = torch.empty(sum(p.numel() for p in places), dtype=dtype, device=self.device)
             dist.broadcast(flat, src=dist.get_global_rank(self.group, writer), group=self.group)
@@ -101,14 +102,14 @@ class SharedMemoryExchange:
         return self.slots[index]
 
     def assemble(self, numel: int, dtype: torch.dtype, regions: dict[int, list[Region]],
-                 own: list[torch.Tensor]) -> torch.Tensor:
+                 own: list[list[torch.Tensor]]) -> torch.Tensor:
         if numel * dtype.itemsize > self.capacity:
             raise ValueError(f"shared-memory exchange: {numel * dtype.itemsize} bytes exceed the planned "
                              f"{self.capacity}")
         buffer = self._next_slot()[: numel * dtype.itemsize].view(dtype)
-        for place, tensor in zip(regions.get(self.rank, []), own):
-            view = place(buffer)
-            view.copy_(tensor.view(view.shape))
+        for place, sources in zip(regions.get(self.rank, []), own):
+            for view, source in zip(place(buffer), sources, strict=True):
+                view.copy_(source)
         self._barrier()   # every piece is in place
         return buffer
 

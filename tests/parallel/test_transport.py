@@ -21,12 +21,13 @@ RANK_SCRIPT = textwrap.dedent("""
     assert not glob.glob("/dev/shm/rlcore-sync-*"), glob.glob("/dev/shm/rlcore-sync-*")
 
     # a bucket of two full tensors: a [4, 6] split along dim 1 (rank r holds columns 3r..3r+2) and a [5] that
-    # rank 1 alone holds
-    regions = {0: [lambda b: b[:24].view(4, 6)[:, :3]],
-               1: [lambda b: b[:24].view(4, 6)[:, 3:], lambda b: b[24:29]]}
+    # rank 1 alone holds and writes as two pieces
+    regions = {0: [lambda b: [b[:24].view(4, 6)[:, :3]]],
+               1: [lambda b: [b[:24].view(4, 6)[:, 3:]], lambda b: [b[24:26], b[26:29]]]}
     def pieces(step):
         cols = torch.arange(24.0).view(4, 6) + 100 * step
-        return [cols[:, 3 * rank: 3 * rank + 3]] + ([torch.arange(5.0) - step] if rank == 1 else [])
+        last = torch.arange(5.0) - step
+        return [[cols[:, 3 * rank: 3 * rank + 3]]] + ([[last[:2], last[2:]]] if rank == 1 else [])
     def want(step):
         return torch.cat([torch.arange(24.0) + 100 * step, torch.arange(5.0) - step])
 
@@ -43,7 +44,7 @@ RANK_SCRIPT = textwrap.dedent("""
     assert coll.calls == 4 * 2                  # one broadcast per writer and bucket
 
     try:
-        shm.assemble(2048, torch.float32, {0: [lambda b: b]}, [torch.zeros(2048)] if rank == 0 else [])
+        shm.assemble(2048, torch.float32, {0: [lambda b: [b]]}, [[torch.zeros(2048)]] if rank == 0 else [])
         raise AssertionError("an 8 KB bucket fit a 4 KB slot")
     except ValueError as e:
         assert "exceed" in str(e), e
