@@ -1,10 +1,9 @@
 """Train layout -> rollout layout, per tensor and bucketed.
 
 Every rank walks the same global plan: every parameter of the whole model (all pipeline stages, all experts), as a
-full (unsharded) Megatron tensor, cut into buckets of at most ``bucket_bytes``; the stages' tensors interleave, so
-that every stage supplies part of every bucket. Each piece of a
-tensor (a TP shard; a stage's or an expert-parallel rank's whole tensor) has one *writer*, the lowest global rank
-holding it. Per bucket:
+full (unsharded) tensor, cut into buckets of at most ``bucket_bytes``; the stages' tensors interleave, so that
+every stage supplies part of every bucket. Each piece of a tensor (a TP shard; a stage's or an expert-parallel
+rank's whole tensor) has one *writer*, the lowest global rank holding it. Per bucket:
 
 1. the exchange assembles the bucket's full HF tensors in one flat buffer, each writer copying its pieces straight
    into HF layout through the model plugin's rules (``shard_to_hf``) — written in place into shared memory by ranks
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -129,7 +129,7 @@ class Resharder:
                  transport: str = "auto"):
         from megatron.core import parallel_state as mpu
 
-        self.model, self.converter, self.bucket_bytes = model, converter, bucket_bytes
+        self.converter, self.bucket_bytes = converter, bucket_bytes
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         tp_size, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
         self.local: dict[str, torch.Tensor] = {}
@@ -210,23 +210,28 @@ class Resharder:
                                                            len(entry.writers), self.converter.layout)
 
     def _assembled(self, bucket: Bucket) -> torch.Tensor | None:
+        """The bucket's exchanged HF tensors in one buffer. Destinations are worked out against a meta shard (any
+        writer's), sources against this rank's own shard and a meta stand-in for the buffer."""
         if not bucket.numel:
             return None
         regions: dict[int, list] = {}
         own = []
-        stand_in = torch.empty(bucket.numel, dtype=bucket.dtype, device="meta")   # to pair views without memory
+        stand_in = torch.empty(bucket.numel, dtype=bucket.dtype, device="meta")
         for e, offset in zip(bucket.entries, bucket.offsets):
             if e.everywhere:
                 continue
             meta = torch.empty(e.shard_shape, dtype=e.dtype, device="meta")
             for index, writer in enumerate(e.writers):
-                regions.setdefault(writer, []).append(
-                    lambda buffer, e=e, offset=offset, index=index, meta=meta:
-                    [view for view, _ in self._pieces(buffer, e, offset, index, meta)])
+                regions.setdefault(writer, []).append(partial(self._destinations, entry=e, offset=offset,
+                                                              index=index, meta=meta))
                 if writer == self.rank:
-                    local = self.local[e.name].detach()
-                    own.append([source for _, source in self._pieces(stand_in, e, offset, index, local)])
+                    shard = self.local[e.name].detach()
+                    own.append([source for _, source in self._pieces(stand_in, e, offset, index, shard)])
         return self.exchange.assemble(bucket.numel, bucket.dtype, regions, own)
+
+    def _destinations(self, buffer: torch.Tensor, entry: ParamEntry, offset: int, index: int,
+                      meta: torch.Tensor) -> list[torch.Tensor]:
+        return [view for view, _ in self._pieces(buffer, entry, offset, index, meta)]
 
     def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
         buffer = self._assembled(bucket)
