@@ -6,6 +6,7 @@ already-installed heavy dependencies (torch, vLLM, megatron-core, Ray) through a
 there. The path entry does not run the parent's `.pth` files, so the editable checkout is not importable from it.
 """
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,9 +30,13 @@ def _run(cmd, **kw):
 def wheel_venv(tmp_path_factory):
     """A fresh venv holding only the wheels of rlcore and its contrib distributions; heavy dependencies shared."""
     root = tmp_path_factory.mktemp("wheels")
+    # Built from a copy without the checkout's build leftovers (a stale build/lib would ship deleted modules).
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                                  "runs", ".*_cache"))
     dist = root / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist,
-          *DISTRIBUTIONS], cwd=root)
+          *(source / d.relative_to(REPO) for d in DISTRIBUTIONS)], cwd=root)
     wheels = sorted(dist.glob("*.whl"))
     assert len(wheels) == len(DISTRIBUTIONS), [w.name for w in wheels]
 
