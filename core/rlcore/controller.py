@@ -7,6 +7,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from rlcore.errors import RlcoreError
 from rlcore.plugins import LoadedPlugins
 from rlcore.rewards import RewardComposer, Scores, neutral_fill
 from rlcore.warm_start import prepare_model
+
+if TYPE_CHECKING:
+    from rlcore.workers.group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,8 @@ class Trainer:
         self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
-        self.workers = self.critic = None
+        self._workers: WorkerGroup | None = None
+        self.critic: WorkerGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         # one update per rollout batch: old-policy logprobs need no separate forward pass
         self.on_policy = cfg.actor.mini_batches == 1 and cfg.actor.epochs == 1
@@ -79,7 +84,7 @@ class Trainer:
             raise RlcoreError(f"model.path {self.model_path} holds a {arch} checkpoint but model.family "
                               f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
         self.max_len = hf_config["max_position_embeddings"]
-        self.workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
+        self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
         if self.algorithm.needs_critic(self.algo_cfg):
             from rlcore.workers.critic import CriticWorker
 
@@ -92,8 +97,15 @@ class Trainer:
         for lg in self.loggers:
             lg.open(self.run_dir, cfg)
 
+    @property
+    def workers(self) -> WorkerGroup:
+        """The actor's workers, started by ``setup()``."""
+        if self._workers is None:
+            raise RlcoreError("the trainer has no workers: setup() has not run, or close() has stopped them")
+        return self._workers
+
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
             raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens; with rollout.max_response_len "
                               f"{self.cfg.rollout.max_response_len} it exceeds the model's context "
@@ -101,7 +113,9 @@ class Trainer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)          # one sequence in, one string out
+        return text
 
     def score(self, texts: list[str], meta: list[dict]) -> Scores:
         scores = self.rewards(texts, meta)
@@ -181,14 +195,13 @@ class Trainer:
         sampling) are dropped and more prompts sampled in their place, up to ``rollout.max_sampling_rounds`` rounds.
         Returns the kept samples and the scores of everything sampled (for the reward metrics)."""
         cfg, wanted = self.cfg, self.cfg.trainer.prompts_per_step
-        kept, scored, dropped, rounds = [], [], 0, 0
+        kept: list[Samples] = []
+        scored: list[Scores] = []
+        dropped = rounds = 0
         while rounds < cfg.rollout.max_sampling_rounds and sum(k.groups for k in kept) < wanted:
             prompts = self.task.train_prompts(step, wanted * (rounds + 1))[wanted * rounds:]
             rounds += 1
-            with timer("rollout"):
-                part = self.rollout_part([self.encode(p) for p, _ in prompts], [m for _, m in prompts])
-            with timer("reward"):
-                part.score(self)
+            part = self.rollout_part([self.encode(p) for p, _ in prompts], [m for _, m in prompts], timer)
             scored.append(part.scores)
             keep = [g for g in range(part.groups)
                     if self.algorithm.keep_group(part.rewards[part.group_ids == g], self.algo_cfg)]
@@ -199,14 +212,20 @@ class Trainer:
                         "sampling/groups_kept": float(samples.groups)})
         return samples, Scores.cat(scored)
 
-    def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict]) -> "Samples":
+    def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict], timer: Timer) -> "Samples":
+        """``rollout.n`` scored responses to each prompt."""
         cfg = self.cfg
-        groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                                       max_tokens=cfg.rollout.max_response_len)
+        with timer("rollout"):
+            groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                                           max_tokens=cfg.rollout.max_response_len)
         flat = [(ids, g, meta[i], i) for i, (ids, group) in enumerate(zip(prompt_ids, groups)) for g in group]
-        return Samples(prompts=[f[0] for f in flat], responses=[f[1].token_ids for f in flat],
-                       logprobs=[f[1].logprobs for f in flat], finish=[f[1].finish_reason for f in flat],
-                       meta=[f[2] for f in flat], group_ids=torch.tensor([f[3] for f in flat], dtype=torch.long))
+        responses, flat_meta = [f[1].token_ids for f in flat], [f[2] for f in flat]
+        group_ids = torch.tensor([f[3] for f in flat], dtype=torch.long)
+        with timer("reward"):
+            scores = self.score([self.decode(r) for r in responses], flat_meta)
+        return Samples(prompts=[f[0] for f in flat], responses=responses, logprobs=[f[1].logprobs for f in flat],
+                       finish=[f[1].finish_reason for f in flat], meta=flat_meta, group_ids=group_ids,
+                       scores=scores, rewards=neutral_fill(scores.total, scores.failed, group_ids).float())
 
     def update(self, group, model_cfg, batch: Batch, *args) -> dict[str, float]:
         """``epochs`` passes of ``mini_batches`` optimizer updates over the rollout batch, for the actor's or the
@@ -276,10 +295,10 @@ class Trainer:
         return directory
 
     def close(self) -> None:
-        for group in (self.critic, self.workers):
+        for group in (self.critic, self._workers):
             if group is not None:
                 group.stop()
-        self.workers = self.critic = None
+        self._workers = self.critic = None
 
 
 @dataclass
@@ -291,8 +310,8 @@ class Samples:
     finish: list[str]
     meta: list[dict]
     group_ids: torch.Tensor
-    scores: Scores | None = None
-    rewards: torch.Tensor | None = None      # the scores with failed samples filled neutrally (the training reward)
+    scores: Scores
+    rewards: torch.Tensor       # the scores with failed samples filled neutrally (the training reward)
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -300,10 +319,6 @@ class Samples:
     @property
     def groups(self) -> int:
         return int(self.group_ids.max()) + 1 if len(self) else 0
-
-    def score(self, trainer: "Trainer") -> None:
-        self.scores = trainer.score([trainer.decode(r) for r in self.responses], self.meta)
-        self.rewards = neutral_fill(self.scores.total, self.scores.failed, self.group_ids).float()
 
     def select_groups(self, keep: list[int]) -> "Samples":
         """The samples of the groups ``keep``, renumbered 0..len(keep)-1 in that order."""

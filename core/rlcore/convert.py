@@ -14,7 +14,7 @@ converts afterwards. ``tp_dim`` is the dimension Megatron splits (None: replicat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator, Protocol
 
 import torch
 
@@ -26,6 +26,21 @@ class Layout:
     num_query_groups: int
     head_dim: int
     vocab_size: int               # the HF vocabulary; Megatron's may be padded beyond it
+
+
+class WeightRule(Protocol):
+    """What the core asks of a rule (``Rename``, ``FusedQKV``, ``FusedGateUp`` or a plugin's own frozen dataclass
+    whose string fields may hold ``{layer}`` / ``{expert}``)."""
+    @property
+    def megatron(self) -> str: ...
+    @property
+    def tp_dim(self) -> int | None: ...
+    def hf_names(self) -> list[str]: ...
+    def to_hf(self, shards: list[torch.Tensor], layout: Layout) -> list[tuple[str, torch.Tensor]]: ...
+    def from_hf(self, hf: dict[str, torch.Tensor], layout: Layout, tp_rank: int, tp_size: int,
+                padded_shape: torch.Size) -> torch.Tensor: ...
+    def shard_to_hf(self, shard: torch.Tensor, hf: list[torch.Tensor], tp_rank: int, tp_size: int,
+                    layout: Layout) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def _cat(shards: list[torch.Tensor], dim: int | None) -> torch.Tensor:
@@ -136,9 +151,9 @@ class WeightConverter:
     """Rules bound to one model: concrete Megatron name -> rule, built once. Rule names may hold ``{layer}``
     (decoder layer, counted over the whole model) and ``{expert}`` (MoE expert, counted over all experts)."""
 
-    def __init__(self, rules: list, num_layers: int, layout: Layout, num_experts: int = 0):
+    def __init__(self, rules: list[WeightRule], num_layers: int, layout: Layout, num_experts: int = 0):
         self.layout = layout
-        self.by_megatron: dict[str, object] = {}
+        self.by_megatron: dict[str, WeightRule] = {}
         for rule in rules:
             layers = range(num_layers) if "{layer}" in rule.megatron else [None]
             experts = range(num_experts) if "{expert}" in rule.megatron else [None]
@@ -147,7 +162,7 @@ class WeightConverter:
                     bound = _bind(rule, i, e)
                     self.by_megatron[bound.megatron] = bound
 
-    def rule(self, megatron_name: str):
+    def rule(self, megatron_name: str) -> WeightRule:
         try:
             return self.by_megatron[_local_name(megatron_name)]
         except KeyError:
@@ -190,6 +205,6 @@ def _local_name(megatron_name: str) -> str:
     return f"{head}.layers.{layer}.{local}" if local else megatron_name
 
 
-def _bind(rule, layer: int | None, expert: int | None = None):
+def _bind(rule: WeightRule, layer: int | None, expert: int | None = None) -> WeightRule:
     fields = {k: (v.format(layer=layer, expert=expert) if isinstance(v, str) else v) for k, v in rule.__dict__.items()}
     return type(rule)(**fields)

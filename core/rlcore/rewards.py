@@ -68,7 +68,7 @@ class RewardComposer:
             if self.strict:
                 raise RlcoreError(f"reward {spec.name!r} failed: {type(e).__name__}: {e} (task.strict_rewards is "
                                   f"set; unset it to count failed samples instead)") from e
-        rows = []                                    # isolate the responses it cannot score
+        rows: list[dict[str, torch.Tensor] | None] = []   # isolate the responses it cannot score
         for response, meta in zip(responses, metadata):
             try:
                 rows.append(_as_components(spec, spec.fn([response], [meta]), 1))

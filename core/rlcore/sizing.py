@@ -131,13 +131,13 @@ def estimate(c, hf: dict, cfg: Config) -> dict:
     stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers)
     param_bytes = 2 if cfg.actor.dtype == "bfloat16" else 4
     adam_bytes = 8 + (4 if param_bytes == 2 else 0)          # two fp32 moments (+ fp32 master copy under bf16)
-    worst = None
-    for s in stages:
+
+    def stage_bytes(s: StageParams) -> dict[str, float]:
         local = s.dense / p.tp + s.experts / p.ep
         optim = (s.dense / p.tp / dp + s.experts / p.ep / expert_dp) * adam_bytes
-        row = dict(params=local * param_bytes, grads=local * 4, optimizer=optim)
-        if worst is None or sum(row.values()) > sum(worst.values()):
-            worst = row
+        return dict(params=local * param_bytes, grads=local * 4, optimizer=optim)
+
+    worst = max((stage_bytes(s) for s in stages), key=lambda row: sum(row.values()))
     fraction = cfg.actor.optim.offload_fraction
     per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"] * (1 - fraction))
     cpu = worst["optimizer"] * fraction

@@ -6,7 +6,7 @@ import difflib
 import math
 import os
 from importlib import resources
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -59,7 +59,7 @@ def _explain(e: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
     return ConfigError(f"config key {key!r}: {getattr(e, 'msg', e)}")
 
 
-def load_config(source: str | None = None, overrides: list[str] = ()) -> Config:
+def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Config:
     """Merge the schema's defaults, a YAML file or preset, and ``key=value`` overrides; then check values."""
     schema = OmegaConf.structured(Config)
     for item in overrides:
@@ -70,6 +70,7 @@ def load_config(source: str | None = None, overrides: list[str] = ()) -> Config:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise _explain(e, schema) from e
+    assert isinstance(obj, Config)
     check_values(obj)
     return obj
 

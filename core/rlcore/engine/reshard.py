@@ -20,13 +20,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
 from rlcore.engine.transport import make_exchange
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
@@ -76,7 +79,7 @@ def _numel(shape) -> int:
     return n
 
 
-def global_name(model: torch.nn.Module, local_name: str, ep_rank: int | None = None) -> str:
+def global_name(model: GPTModel, local_name: str, ep_rank: int | None = None) -> str:
     """Megatron numbers decoder layers per pipeline stage and experts per expert-parallel rank; the rules use
     model-wide indices. ``ep_rank``: whose experts (default: this rank's)."""
     m = _LAYER.match(local_name)
@@ -94,7 +97,7 @@ def global_name(model: torch.nn.Module, local_name: str, ep_rank: int | None = N
     return name
 
 
-def named_weights(model: torch.nn.Module, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
+def named_weights(model: GPTModel, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
     """(local name, tensor) of everything the HF checkpoint holds: the parameters, and the buffers that the model
     plugin's rules name: state kept outside the optimizer, such as a MoE router's expert bias (aux-loss-free load
     balancing), which megatron-core registers as a buffer."""
@@ -125,7 +128,7 @@ class Resharder:
     """Built once per model (collective over the default group); ``stream()`` yields the full HF weights for the
     rollout engine on every rank."""
 
-    def __init__(self, model: torch.nn.Module, converter: WeightConverter, bucket_bytes: int = 256 << 20,
+    def __init__(self, model: GPTModel, converter: WeightConverter, bucket_bytes: int = 256 << 20,
                  transport: str = "auto"):
         from megatron.core import parallel_state as mpu
 
@@ -209,11 +212,11 @@ class Resharder:
         return self.converter.rule(entry.name).shard_to_hf(shard, self._hf_views(buffer, entry, offset), index,
                                                            len(entry.writers), self.converter.layout)
 
-    def _assembled(self, bucket: Bucket) -> torch.Tensor | None:
+    def _assembled(self, bucket: Bucket) -> torch.Tensor:
         """The bucket's exchanged HF tensors in one buffer. Destinations are worked out against a meta shard (any
         writer's), sources against this rank's own shard and a meta stand-in for the buffer."""
-        if not bucket.numel:
-            return None
+        if not bucket.numel:                      # every tensor of the bucket is held whole everywhere
+            return torch.empty(0, dtype=bucket.dtype)
         regions: dict[int, list] = {}
         own = []
         stand_in = torch.empty(bucket.numel, dtype=bucket.dtype, device="meta")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 import torch.distributed as dist
@@ -74,15 +74,18 @@ class SharedMemoryExchange:
         path = f"{self._prefix}-{self._maps}"
         self._maps += 1
         if self.rank == 0:
-            storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity)
+            storage = self._map_file(path)
         self._barrier()
         if self.rank != 0:
-            storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity)
+            storage = self._map_file(path)
         self._barrier()
         if self.rank == 0:
             os.unlink(path)
         self._barrier()
         return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+    def _map_file(self, path: str) -> torch.UntypedStorage:
+        return cast(torch.UntypedStorage, torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity))
 
     @staticmethod
     def _references(slot: torch.Tensor) -> int:

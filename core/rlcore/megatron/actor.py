@@ -43,7 +43,7 @@ class MegatronActor(MegatronTrainable):
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20,
                  sync_transport: str = "auto"):
         super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed)
-        self.reference = None
+        self.reference: torch.nn.Module | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
 
     def token_outputs(self, logits, labels, extras):
@@ -78,10 +78,10 @@ class MegatronActor(MegatronTrainable):
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
-        self.reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
-                                     self.cfg.parallel.last_stage_layers)
-        self.reference.load_state_dict(self.model.state_dict(), strict=False)
-        self.reference.requires_grad_(False).eval()
+        reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
+                                 self.cfg.parallel.last_stage_layers)
+        reference.load_state_dict(self.model.state_dict(), strict=False)
+        self.reference = reference.requires_grad_(False).eval()
 
     # --- passes ------------------------------------------------------------------------------------------------
     def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:

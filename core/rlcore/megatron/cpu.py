@@ -114,7 +114,7 @@ class _CpuTorch(types.ModuleType):
 
 def _cpu_torch_in(*module_names: str) -> None:
     for name in module_names:
-        importlib.import_module(name).torch = _CpuTorch()
+        setattr(importlib.import_module(name), "torch", _CpuTorch())
 
 
 # --- the shims ------------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlcore.data import Batch
-from rlcore.megatron.trainable import LossFn, MegatronTrainable
+from rlcore.megatron.trainable import MegatronTrainable
 
 
 class ValueHead(torch.nn.Module):
@@ -21,7 +21,7 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.linear.bias)
         self.sequence_parallel = sequence_parallel
         for p in self.linear.parameters():
-            p.sequence_parallel = sequence_parallel
+            setattr(p, "sequence_parallel", sequence_parallel)
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):
         values = self.linear(hidden)
@@ -52,6 +52,3 @@ class MegatronCritic(MegatronTrainable):
         """V at every label position [N, S] (the value of the state that predicts the next token), on every rank."""
         return self.per_token(self.ddp, batch)
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """One update; ``loss_fn(values, mb)``."""
-        return super().train_step(batch, loss_fn)

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rlcore.config.schema import ActorConfig
+from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
@@ -54,7 +54,7 @@ class MegatronTrainable:
     """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
 
-    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
+    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: TrainedModelConfig, optimizer: OptimizerSpec,
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,

@@ -39,6 +39,7 @@ class Coords:
 def join_world(rank: int, world_size: int, master: tuple[str, int] | None) -> None:
     """Point torch.distributed at this worker group's rendezvous (each group is its own world)."""
     if world_size > 1:
+        assert master is not None, "a group of several ranks needs a rendezvous (host, port)"
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")

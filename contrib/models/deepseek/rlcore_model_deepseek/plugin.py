@@ -7,6 +7,7 @@ main model only). Everything model-specific lives here.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch.nn.functional as F
@@ -185,10 +186,10 @@ def tiny_moonlight_hf_config(*args, **kwargs) -> dict:
     return tiny_hf_config(*args, **{"q_lora_rank": None, "n_group": 1, "topk_group": 1, **kwargs})
 
 
-_FAMILY = dict(hf_architectures=("DeepseekV3ForCausalLM",), transformer_config=transformer_config,
-               layer_spec=layer_spec, gpt_kwargs=gpt_kwargs, weight_rules=weight_rules)
-DEEPSEEK_V3 = ModelSpec(name="deepseek_v3", tiny_hf_config=tiny_hf_config, **_FAMILY)
-MOONLIGHT = ModelSpec(name="moonlight", tiny_hf_config=tiny_moonlight_hf_config, **_FAMILY)
+DEEPSEEK_V3 = ModelSpec(name="deepseek_v3", hf_architectures=("DeepseekV3ForCausalLM",),
+                        transformer_config=transformer_config, layer_spec=layer_spec, gpt_kwargs=gpt_kwargs,
+                        weight_rules=weight_rules, tiny_hf_config=tiny_hf_config)
+MOONLIGHT = dataclasses.replace(DEEPSEEK_V3, name="moonlight", tiny_hf_config=tiny_moonlight_hf_config)
 
 
 @hookimpl

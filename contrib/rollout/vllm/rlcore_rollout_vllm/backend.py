@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
 from rlcore.specs import Generation, RolloutBackend
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
+    from vllm.logprobs import PromptLogprobs, SampleLogprobs
 
 
 class VLLMRollout(RolloutBackend):
@@ -42,24 +46,44 @@ class VLLMRollout(RolloutBackend):
 
         params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
                                 detokenize=False)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        return [[Generation(list(c.token_ids), [lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)],
-                            c.finish_reason or "") for c in o.outputs] for o in outputs]
+        outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
+        return [[Generation(list(c.token_ids), _token_logprobs(c.logprobs, c.token_ids), c.finish_reason or "")
+                 for c in o.outputs] for o in outputs]
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
-        return [[o.prompt_logprobs[j][s[j]].logprob for j in range(st, len(s))]
-                for o, s, st in zip(outputs, sequences, start)]
+        outputs = self.llm.generate(_token_prompts(sequences), params, use_tqdm=False)
+        return [_token_logprobs(o.prompt_logprobs, s, st) for o, s, st in zip(outputs, sequences, start)]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._worker().reload_weights(weights_iterator=iter(named_tensors))
         self.llm.reset_prefix_cache()
 
     def stop(self) -> None:
-        llm, self.llm = self.llm, None
+        llm = vars(self).pop("llm", None)       # idempotent
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm
+
+
+def _token_prompts(sequences: Sequence[list[int]]) -> list[TokensPrompt]:
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+
+
+def _token_logprobs(positions: PromptLogprobs | SampleLogprobs | None, tokens: Sequence[int],
+                    start: int = 0) -> list[float]:
+    """The logprob of ``tokens[j]`` at each position j from ``start`` on, from what vLLM returned when asked for
+    ``logprobs=0`` (sampled tokens) or ``prompt_logprobs=0`` (prompt tokens; position 0 has none)."""
+    if positions is None:
+        raise RuntimeError("vLLM returned no logprobs although SamplingParams asked for them")
+    logprobs = []
+    for j in range(start, len(tokens)):
+        at = positions[j]
+        if at is None:
+            raise RuntimeError(f"vLLM has no logprob at position {j} (a prompt's first token has none)")
+        logprobs.append(at[tokens[j]].logprob)
+    return logprobs

@@ -13,6 +13,8 @@ processed by the reload and stay untouched.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -30,7 +32,7 @@ def repack_moe_on_reload(model: torch.nn.Module) -> int:
     for layer in model.modules():
         if _cpu_experts(layer) is None:
             continue
-        method = layer.quant_method
+        method: Any = layer.quant_method
         if not getattr(method, "_rlcore_repacks_on_reload", False):
             original = method.process_weights_after_loading
 
