@@ -29,6 +29,22 @@ def test_mistake_exits_non_zero_with_one_message(args, expected):
     assert "Traceback" not in result.stderr
 
 
+def test_model_config_the_plugin_cannot_map_is_refused_before_workers_start(tmp_path):
+    """A real checkpoint (transformers' Qwen3 with attention biases) that the Qwen3 plugin cannot reproduce."""
+    from rlcore.testing import tiny_checkpoint
+    from rlcore_model_qwen3.plugin import QWEN3
+
+    tiny_checkpoint(QWEN3, str(tmp_path), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                    ffn_hidden_size=64, max_position_embeddings=32, hf_overrides={"attention_bias": True})
+    result = rlcore("run", "--plugins=qwen3,grpo,vllm", f"model.path={tmp_path}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
+    assert lines == [f"rlcore: error: model.path {tmp_path}: Qwen3 with attention_bias=True in config.json is not "
+                     "supported: transformers adds a bias to q/k/v and o_proj; megatron-core has a q/k/v-only bias "
+                     "(add_qkv_bias) or biases on every linear layer, neither of which matches"], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_plugins_command_lists_distributions_and_registrations():
     result = rlcore("plugins")
     assert result.returncode == 0, result.stderr

@@ -67,7 +67,7 @@ class Trainer:
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
-        from rlcore.megatron.model import read_hf_config
+        from rlcore.megatron.model import check_model_config, read_hf_config
         from rlcore.workers.group import WorkerGroup
 
         cfg = self.cfg
@@ -76,13 +76,17 @@ class Trainer:
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
             json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
         self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.eos_id = self.tokenizer.eos_token_id
         hf_config = read_hf_config(self.model_path)
         arch = (hf_config.get("architectures") or ["?"])[0]
         if arch not in self.spec.hf_architectures:
             raise RlcoreError(f"model.path {self.model_path} holds a {arch} checkpoint but model.family "
                               f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
+        try:
+            check_model_config(self.spec, hf_config, cfg.actor.dtype)
+        except ValueError as e:        # a config value the model plugin cannot map: refused before workers start
+            raise RlcoreError(f"model.path {self.model_path}: {e}") from e
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.eos_id = self.tokenizer.eos_token_id
         self.max_len = hf_config["max_position_embeddings"]
         self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
         if self.algorithm.needs_critic(self.algo_cfg):

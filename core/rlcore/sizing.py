@@ -11,7 +11,6 @@ busiest pipeline stage. Activations, the rollout engine's weights and KV cache c
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -33,8 +32,9 @@ def read_model_config(cfg: Config) -> dict:
                           "config.json path, or a bundled name such as deepseek-v3)")
     if not os.path.isfile(path):
         raise ConfigError(f"model config {path!r} does not exist (from model.path / model.hf_config)")
-    with open(path) as f:
-        return json.load(f)
+    from rlcore.megatron.model import read_hf_config
+
+    return read_hf_config(path)
 
 
 def layer_problems(num_layers: int, pp: int, last_stage_layers: int) -> list[str]:

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlcore.convert import Layout, WeightConverter
+from rlcore.hf_config import with_transformers_defaults
 from rlcore.specs import ModelSpec
 
 # Fused kernels that need CUDA / TransformerEngine / Apex; off unless running on CUDA.
@@ -18,8 +19,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def read_hf_config(path: str) -> dict:
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f)
+    """A checkpoint directory's config.json (or that file itself), as transformers reads it."""
+    with open(path if path.endswith(".json") else os.path.join(path, "config.json")) as f:
+        return with_transformers_defaults(json.load(f))
 
 
 def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
@@ -45,6 +47,15 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
     if not torch.cuda.is_available():
         overrides.update(_CPU_OFF)
     return spec.transformer_config(hf_config, **overrides)
+
+
+def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32") -> None:
+    """Everything the model plugin derives from ``hf_config`` (TransformerConfig, GPTModel arguments, weight
+    rules), without building a model: a value the plugin cannot map raises its ValueError here, before any worker
+    starts."""
+    config = transformer_config(spec, hf_config, dtype)
+    spec.gpt_kwargs(hf_config)
+    spec.weight_rules(config, hf_config)
 
 
 def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,

@@ -13,6 +13,7 @@ import logging
 import torch.nn.functional as F
 
 from rlcore.convert import FusedGateUp, Rename
+from rlcore.hf_config import require_silu, unsupported
 from rlcore.hookspecs import hookimpl
 from rlcore.megatron.attention import have_transformer_engine, with_sdpa
 from rlcore.specs import ModelSpec
@@ -31,8 +32,8 @@ def _rope(hf: dict) -> dict:
     mscale, mscale_all_dim = params.get("mscale") or 0.0, params.get("mscale_all_dim") or 0.0
     if kind != "yarn" or params.get("attention_factor") is not None or not params.get("truncate", True) \
             or (mscale_all_dim and not mscale):
-        raise ValueError(f"DeepSeek-V3 RoPE {dict(params)} is not supported: only the default and YaRN (with factor, "
-                         f"beta_fast/slow, mscale and mscale_all_dim, no attention_factor) map onto Megatron's MLA")
+        raise unsupported("DeepSeek-V3", "rope_parameters", dict(params), "only the default RoPE and YaRN (with factor, "
+                          "beta_fast/slow, mscale and mscale_all_dim, no attention_factor) map onto Megatron's MLA")
     original = params.get("original_max_position_embeddings", hf["max_position_embeddings"])
     return dict(rope_type="yarn", rotary_base=theta, original_max_position_embeddings=original,
                 rotary_scaling_factor=float(params.get("factor") or hf["max_position_embeddings"] / original),
@@ -47,8 +48,8 @@ def _router(hf: dict) -> dict:
     fixed during RL (update rate 0): balancing on a few RL batches would move the routing away from the policy
     being optimised, and it is exported with the weights either way."""
     topk, groups, group_topk = hf["num_experts_per_tok"], hf["n_group"] or 1, hf["topk_group"] or 1
-    if hf.get("norm_topk_prob", True) != (topk > 1):
-        raise ValueError(f"DeepSeek-V3 with norm_topk_prob={hf.get('norm_topk_prob', True)} and num_experts_per_tok="
+    if hf["norm_topk_prob"] != (topk > 1):
+        raise ValueError(f"DeepSeek-V3 with norm_topk_prob={hf['norm_topk_prob']} and num_experts_per_tok="
                          f"{topk} is not supported: megatron-core renormalises the top-k sigmoid scores exactly when "
                          f"it picks more than one expert")
     if groups > 1 and topk // group_topk != 2:
@@ -68,16 +69,17 @@ def transformer_config(hf: dict, **overrides):
     ``n_shared_experts`` folded into one shared-expert MLP, as HF does."""
     from megatron.core.transformer import MLATransformerConfig
 
-    if not hf.get("rope_interleave", True) or hf.get("attention_bias") or hf.get("moe_layer_freq", 1) != 1:
-        raise ValueError("DeepSeek-V3 with rope_interleave=false, attention_bias=true or moe_layer_freq != 1 is not "
-                         "supported")
+    require_silu(hf, "DeepSeek-V3")
+    for key, mapped in (("rope_interleave", True), ("attention_bias", False), ("moe_layer_freq", 1)):
+        if hf[key] != mapped:
+            raise unsupported("DeepSeek-V3", key, hf[key], f"only {key}={mapped!r} is mapped onto megatron-core's MLA")
     layers, dense, shared = hf["num_hidden_layers"], hf["first_k_dense_replace"], hf["n_shared_experts"]
     return MLATransformerConfig(
         num_layers=layers, hidden_size=hf["hidden_size"], ffn_hidden_size=hf["intermediate_size"],
         num_attention_heads=hf["num_attention_heads"], q_lora_rank=hf["q_lora_rank"],
         kv_lora_rank=hf["kv_lora_rank"], qk_head_dim=hf["qk_nope_head_dim"],
         qk_pos_emb_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], qk_layernorm=True,
-        normalization="RMSNorm", layernorm_epsilon=hf.get("rms_norm_eps", 1e-6), gated_linear_unit=True,
+        normalization="RMSNorm", layernorm_epsilon=hf["rms_norm_eps"], gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, **_rope(hf),
         num_moe_experts=hf["n_routed_experts"], moe_layer_freq=[0] * dense + [1] * (layers - dense),
         moe_ffn_hidden_size=hf["moe_intermediate_size"],
@@ -86,14 +88,38 @@ def transformer_config(hf: dict, **overrides):
         **overrides)
 
 
+# transformers (and DeepSeek's reference code) build the RMSNorms on the compressed query and KV with this epsilon
+# whatever rms_norm_eps says (Moonlight publishes 1e-5); megatron-core would use layernorm_epsilon.
+LATENT_NORM_EPS = 1e-6
+
+
 def layer_spec(config):
     """Dense and MoE layers differ, so this is a block spec (the layer specs of this pipeline stage), which GPTModel
-    takes in place of a layer spec; without TransformerEngine, megatron-core's local modules with SDPA attention."""
+    takes in place of a layer spec; without TransformerEngine, megatron-core's local modules with SDPA attention and
+    the MLA latent norms at ``LATENT_NORM_EPS``."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     te = have_transformer_engine()
+    if te and config.layernorm_epsilon != LATENT_NORM_EPS:   # TE fuses those norms into the up projections
+        raise unsupported("DeepSeek-V3 on TransformerEngine", "rms_norm_eps", config.layernorm_epsilon,
+                          f"TE's fused MLA latent norms take it, where transformers uses {LATENT_NORM_EPS}")
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm")
-    return spec if te else with_sdpa(spec)
+    if te:
+        return spec
+    for layer in spec.layer_specs:
+        attention = layer.submodules.self_attention.submodules
+        attention.q_layernorm = _with_eps(attention.q_layernorm, LATENT_NORM_EPS)
+        attention.kv_layernorm = _with_eps(attention.kv_layernorm, LATENT_NORM_EPS)
+    return with_sdpa(spec)
+
+
+def _with_eps(norm: type, eps: float) -> type:
+    """``norm`` (a module class megatron builds with an ``eps`` keyword) built with ``eps`` instead."""
+    class FixedEpsNorm:
+        def __new__(cls, *args, **kwargs):
+            return norm(*args, **{**kwargs, "eps": eps})
+
+    return FixedEpsNorm
 
 
 def gpt_kwargs(hf: dict) -> dict:

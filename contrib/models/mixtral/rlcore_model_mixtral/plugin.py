@@ -1,11 +1,16 @@
 """Mixtral (MixtralForCausalLM): config mapping, layer spec and weight rules. Everything model-specific lives here."""
 from __future__ import annotations
 
+import logging
+
 import torch.nn.functional as F
 
 from rlcore.convert import FusedGateUp, FusedQKV, Rename
+from rlcore.hf_config import plain_rope_theta, require_silu, unsupported
 from rlcore.hookspecs import hookimpl
 from rlcore.specs import ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 def transformer_config(hf: dict, **overrides):
@@ -14,15 +19,23 @@ def transformer_config(hf: dict, **overrides):
     the renormalisation and the outputs differ by several percent."""
     from megatron.core.transformer import TransformerConfig
 
-    if hf.get("sliding_window"):
-        raise ValueError(f"Mixtral with sliding_window={hf['sliding_window']} is not supported: set it to null in "
-                         "config.json (full attention) or use a checkpoint without it")
+    require_silu(hf, "Mixtral")
+    if hf["sliding_window"] is not None:
+        raise unsupported("Mixtral", "sliding_window", hf["sliding_window"], "set it to null in config.json (full "
+                          "attention) or use a checkpoint without it")
+    if hf["num_experts_per_tok"] == 1:
+        raise unsupported("Mixtral", "num_experts_per_tok", 1, "transformers renormalises the top-k weights, so a "
+                          "token's one expert gets weight 1.0; megatron-core's top-1 router weights by the softmax "
+                          "probability (it refuses top-1 without pre-softmax)")
+    if hf["router_jitter_noise"]:
+        log.info("Mixtral: router_jitter_noise=%s is not applied (transformers applies it only in training; rlcore "
+                 "trains without it, and generation never uses it)", hf["router_jitter_noise"])
     return TransformerConfig(
         num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
         ffn_hidden_size=hf["intermediate_size"], num_attention_heads=hf["num_attention_heads"],
         num_query_groups=hf["num_key_value_heads"],
         kv_channels=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-        normalization="RMSNorm", layernorm_epsilon=hf.get("rms_norm_eps", 1e-5), gated_linear_unit=True,
+        normalization="RMSNorm", layernorm_epsilon=hf["rms_norm_eps"], gated_linear_unit=True,
         activation_func=F.silu, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
         num_moe_experts=hf["num_local_experts"], moe_router_topk=hf["num_experts_per_tok"],
         moe_ffn_hidden_size=hf["intermediate_size"], moe_router_pre_softmax=False,
@@ -36,9 +49,8 @@ def layer_spec(config):
 
 
 def gpt_kwargs(hf: dict) -> dict:
-    rope_theta = (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 1e6))
     return dict(vocab_size=hf["vocab_size"], max_sequence_length=hf["max_position_embeddings"],
-                position_embedding_type="rope", rotary_base=float(rope_theta),
+                position_embedding_type="rope", rotary_base=plain_rope_theta(hf, "Mixtral"),
                 share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)))
 
 

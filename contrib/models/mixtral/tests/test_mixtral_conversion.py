@@ -35,10 +35,17 @@ def test_tp_sharded_conversion_equals_unsharded(mixtral):
     assert assert_tp_conversion_exact(model, converter, path) > 0
 
 
-def test_sliding_window_is_refused():
+def test_router_jitter_noise_is_named_in_one_log_line(caplog):
+    """transformers applies router_jitter_noise only in training: rlcore leaves it out and says so."""
+    import logging
+
     hf = MIXTRAL.tiny_hf_config(vocab_size=48, **SIZES)
-    with pytest.raises(ValueError, match="sliding_window=4096"):
-        MIXTRAL.transformer_config({**hf, "sliding_window": 4096})
+    with caplog.at_level(logging.INFO, logger="rlcore_model_mixtral.plugin"):
+        MIXTRAL.transformer_config({**hf, "router_jitter_noise": 0.1})
+        MIXTRAL.transformer_config(hf)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Mixtral: router_jitter_noise=0.1 is not applied (transformers applies it only in training; rlcore trains "
+        "without it, and generation never uses it)"]
 
 
 @pytest.mark.slow

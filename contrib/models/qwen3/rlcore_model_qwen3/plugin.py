@@ -4,15 +4,32 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from rlcore.convert import FusedGateUp, FusedQKV, Rename
+from rlcore.hf_config import plain_rope_theta, require_silu, unsupported
 from rlcore.hookspecs import hookimpl
 from rlcore.specs import ModelSpec
 
 
-def _rope_theta(hf: dict) -> float:
-    return float((hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 1e6)))
+def _refuse_unmapped(hf: dict, family: str, sliding: bool) -> None:
+    """Values Megatron's GPTModel cannot reproduce exactly (``hf`` is complete: transformers' defaults filled in).
+    ``sliding``: some layer attends through a sliding window in transformers."""
+    require_silu(hf, family)
+    if hf.get("attention_bias"):
+        raise unsupported(family, "attention_bias", True, "transformers adds a bias to q/k/v and o_proj; megatron-core "
+                          "has a q/k/v-only bias (add_qkv_bias) or biases on every linear layer, neither of which "
+                          "matches")
+    if sliding:
+        raise unsupported(family, "use_sliding_window", True, f"sliding-window attention (sliding_window="
+                          f"{hf.get('sliding_window')}, max_window_layers={hf.get('max_window_layers')}) is not "
+                          "implemented; set use_sliding_window to false (full attention, as Qwen3 is published)")
 
 
 def transformer_config(hf: dict, **overrides):
+    """Qwen3 dense. transformers slides the attention window on the layers >= max_window_layers (layer_types)."""
+    _refuse_unmapped(hf, "Qwen3", sliding="sliding_attention" in hf["layer_types"])
+    return _transformer_config(hf, **overrides)
+
+
+def _transformer_config(hf: dict, **overrides):
     from megatron.core.transformer import TransformerConfig
 
     return TransformerConfig(
@@ -23,11 +40,10 @@ def transformer_config(hf: dict, **overrides):
         num_query_groups=hf["num_key_value_heads"],
         kv_channels=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         normalization="RMSNorm",
-        layernorm_epsilon=hf.get("rms_norm_eps", 1e-6),
+        layernorm_epsilon=hf["rms_norm_eps"],
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=bool(hf.get("attention_bias", False)),
         qk_layernorm=True,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -46,22 +62,29 @@ def _num_experts(hf: dict) -> int:
 
 
 def moe_transformer_config(hf: dict, **overrides):
-    """Qwen3-MoE: every layer sparse; softmax router over all experts, top-k renormalised (norm_topk_prob)."""
-    if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
-        raise ValueError("Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not "
-                         "supported yet")
-    return transformer_config(
-        hf, num_moe_experts=_num_experts(hf), moe_router_topk=hf["num_experts_per_tok"],
+    """Qwen3-MoE: every layer sparse; softmax router over all experts, top-k renormalised (norm_topk_prob).
+    transformers slides the attention window on every layer once use_sliding_window sets sliding_window."""
+    _refuse_unmapped(hf, "Qwen3-MoE", sliding=hf["sliding_window"] is not None)
+    for key, every_layer_sparse in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+        if hf[key] != every_layer_sparse:
+            raise unsupported("Qwen3-MoE", key, hf[key], "dense layers among the MoE layers are not mapped yet")
+    topk, renormalise = hf["num_experts_per_tok"], hf["norm_topk_prob"]
+    if topk == 1 and renormalise:
+        raise unsupported("Qwen3-MoE", "num_experts_per_tok", 1, "with norm_topk_prob=true every token's one expert "
+                          "gets weight 1.0 in transformers; megatron-core's top-1 router weights by the softmax "
+                          "probability (it refuses top-1 without pre-softmax); set norm_topk_prob to false for that")
+    return _transformer_config(
+        hf, num_moe_experts=_num_experts(hf), moe_router_topk=topk,
         moe_ffn_hidden_size=hf["moe_intermediate_size"],
         # top-k then softmax == softmax then renormalised top-k (HF norm_topk_prob=True); without renormalisation
-        # HF takes the softmax over all experts first
-        moe_router_pre_softmax=not hf.get("norm_topk_prob", True),
+        # HF takes the softmax over all experts first (at top-1 too, which megatron-core asks for)
+        moe_router_pre_softmax=not renormalise,
         moe_token_dispatcher_type="alltoall", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False, **overrides)
 
 
 def gpt_kwargs(hf: dict) -> dict:
     return dict(vocab_size=hf["vocab_size"], max_sequence_length=hf["max_position_embeddings"],
-                position_embedding_type="rope", rotary_base=_rope_theta(hf),
+                position_embedding_type="rope", rotary_base=plain_rope_theta(hf, "Qwen3"),
                 share_embeddings_and_output_weights=bool(hf.get("tie_word_embeddings", False)))
 
 
