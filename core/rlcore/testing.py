@@ -4,10 +4,14 @@ A model plugin's tests call these (see docs/writing-a-model-plugin.md):
 
 - ``tiny_checkpoint``: transformers builds the family's tiny model from ``spec.tiny_hf_config`` with randomised
   norms and routers (so that a wrong mapping changes the numbers) and writes it as an HF checkpoint;
-- ``assert_logits_match``: megatron-core's forward logits equal transformers';
+- ``assert_logits_match``: megatron-core's forward logits equal transformers' (to ``LOGIT_TOLERANCE``);
 - ``assert_round_trip_exact``: HF -> Megatron -> HF equals the safetensors file bit for bit;
 - ``assert_tp_conversion_exact``: every rule's TP-sharded conversion (each rank's shard, then back) is exact;
-- ``assert_expert_parallel``: at EP=2 (two processes) experts load and export exactly and the logits still match.
+- ``assert_expert_parallel``: at EP=2 (two processes) experts load and export exactly and the logits still match;
+- the conformance sweep: ``published_config`` (a bundled published config with its sizes scaled down),
+  ``assert_conforms`` (a config.json written as given, then logits and round trip), ``assert_refused`` (the plugin
+  refuses a value, naming its key) and ``keys_read`` (which config keys the plugin reads, so that a sweep can show
+  it varies every one).
 """
 from __future__ import annotations
 
@@ -16,9 +20,25 @@ import subprocess
 import sys
 import textwrap
 
+import json
+from importlib import resources
+from typing import Any
+
 import torch
 
 from rlcore.specs import ModelSpec
+
+# fp32 logits of a tiny model agree to <= 3e-7 when the mapping is right (the sweeps measure it); a wrong norm
+# epsilon shows at 6e-5 to 1e-4
+LOGIT_TOLERANCE = 2e-6
+
+
+class _Omit:
+    def __repr__(self) -> str:
+        return "OMIT"
+
+
+OMIT = _Omit()      # a case value that leaves the key out of config.json
 
 
 def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int = 0, hf_overrides: dict | None = None,
@@ -29,7 +49,16 @@ def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int 
 
     if spec.tiny_hf_config is None:
         raise ValueError(f"model family {spec.name!r} registers no tiny_hf_config to build a tiny checkpoint from")
-    hf_config = {**spec.tiny_hf_config(vocab_size=vocab_size, **sizes), **(hf_overrides or {})}
+    return write_checkpoint({**spec.tiny_hf_config(vocab_size=vocab_size, **sizes), **(hf_overrides or {})}, path,
+                            seed)
+
+
+def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
+    """transformers builds a random model from ``hf_config`` (norms and routers randomised) and saves it; then
+    config.json is rewritten exactly as given, so that keys it leaves out stay out, as in a published checkpoint.
+    Returns the transformers model (eval)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     config = AutoConfig.for_model(**hf_config)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).float()
@@ -43,6 +72,8 @@ def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int 
             if "bias" in name:      # e.g. DeepSeek-V3's expert-score correction bias
                 b.copy_(torch.randn_like(b) * 0.1)
     model.save_pretrained(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=1)
     return model.eval()
 
 
@@ -60,7 +91,7 @@ def _ids(vocab_size: int, batch: int = 2, length: int = 12):
     return ids, torch.arange(length).unsqueeze(0).expand(batch, -1)
 
 
-def assert_logits_match(model, hf_model, vocab_size: int, tolerance: float = 1e-4) -> float:
+def assert_logits_match(model, hf_model, vocab_size: int, tolerance: float = LOGIT_TOLERANCE) -> float:
     ids, positions = _ids(vocab_size)
     with torch.no_grad():
         ours, theirs = model(ids, positions, None), hf_model(ids).logits
@@ -108,6 +139,105 @@ def assert_tp_conversion_exact(model, converter, path: str, tp: int = 2) -> int:
             assert torch.equal(tensor, hf[hf_name]), (name, hf_name, "shard_to_hf")
         checked += 1
     return checked
+
+
+def published_config(name: str, **sizes: Any) -> dict:
+    """A published config bundled in ``rlcore.presets/models`` with the given keys (its sizes) replaced: a tiny
+    model that keeps every other value as published."""
+    with (resources.files("rlcore.presets") / "models" / f"{name}.json").open() as f:
+        return {**json.load(f), **sizes}
+
+
+def with_case(hf_config: dict, case: dict) -> dict:
+    """``hf_config`` with ``case``'s keys set; a key set to ``OMIT`` is left out."""
+    merged = {**hf_config, **case}
+    return {k: v for k, v in merged.items() if v is not OMIT}
+
+
+def assert_conforms(spec: ModelSpec, hf_config: dict, path: str, tolerance: float = LOGIT_TOLERANCE) -> float:
+    """A checkpoint whose config.json is ``hf_config`` as given, read the way rlcore reads a user's checkpoint:
+    Megatron's logits equal transformers' and HF -> Megatron -> HF is exact. Returns the largest logit difference."""
+    hf_model = write_checkpoint(hf_config, path)
+    model, converter = build_megatron(spec, path)
+    diff = assert_logits_match(model, hf_model, hf_config["vocab_size"], tolerance)
+    assert_round_trip_exact(model, converter, path)
+    return diff
+
+
+def assert_refused(spec: ModelSpec, hf_config: dict, key: str) -> str:
+    """The plugin refuses ``hf_config`` before building anything, with a message that names ``key``."""
+    from rlcore.hf_config import with_transformers_defaults
+    from rlcore.megatron.model import check_model_config
+
+    try:
+        check_model_config(spec, with_transformers_defaults(hf_config))
+    except ValueError as e:
+        assert key in str(e), f"{spec.name}'s refusal does not name {key!r}: {e}"
+        return str(e)
+    raise AssertionError(f"{spec.name} accepted a config it was expected to refuse for {key!r}")
+
+
+class _Recording(dict):
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def keys_read(spec: ModelSpec, hf_config: dict) -> set[str]:
+    """The config keys the plugin reads to build its TransformerConfig, GPTModel arguments and weight rules."""
+    from rlcore.hf_config import with_transformers_defaults
+    from rlcore.megatron.model import check_model_config
+
+    recording = _Recording(with_transformers_defaults(hf_config))
+    check_model_config(spec, recording)
+    return recording.read
+
+
+def sweep_tests(sweeps: dict[str, tuple[ModelSpec, dict, list[tuple[dict, str | None]]]], not_varied: set[str]):
+    """The two tests of a model plugin's conformance sweep, to assign in its test module:
+    ``sweeps``: name -> (spec, published config with its sizes scaled down, cases), each case (the keys it changes,
+    ``OMIT`` to leave one out; the key a refusal must name, or None when the case must conform);
+    ``not_varied``: keys the plugin reads that need no variation (naming the architecture, say).
+    One test per case; one per sweep that fails when the plugin reads a key that no case of any of the sweeps
+    varies (families that share their mapping, as DeepSeek-V3 and Moonlight, share the cases' coverage)."""
+    import pytest
+
+    params = [pytest.param(name, i, id=f"{name}-{i}-" + "-".join(case))
+              for name, (_, _, cases) in sweeps.items() for i, (case, _) in enumerate(cases)]
+
+    @pytest.mark.parametrize("sweep, index", params)
+    def test_published_config_variation(sweep, index, tmp_path):
+        from rlcore.megatron.parallel import init_parallel
+
+        spec, base, cases = sweeps[sweep]
+        case, refused_key = cases[index]
+        hf = with_case(base, case)
+        if refused_key:
+            assert_refused(spec, hf, refused_key)
+        else:
+            init_parallel(seed=0)
+            print(f"max logit difference {assert_conforms(spec, hf, str(tmp_path)):.1e}")
+
+    @pytest.mark.parametrize("sweep", sorted(sweeps))
+    def test_sweep_varies_every_key_the_plugin_reads(sweep):
+        spec, base, _ = sweeps[sweep]
+        varied = {key for _, _, cases in sweeps.values() for case, _ in cases for key in case}
+        unvaried = keys_read(spec, base) - not_varied - varied
+        assert not unvaried, f"{spec.name} reads {sorted(unvaried)}, which no case of the sweep varies"
+
+    return test_published_config_variation, test_sweep_varies_every_key_the_plugin_reads
 
 
 _EP_RANK = textwrap.dedent("""
