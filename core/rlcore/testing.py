@@ -244,7 +244,7 @@ _EP_RANK = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
-    from rlcore.megatron.parallel import init_parallel
+    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.plugins import load_plugins
     from rlcore.testing import assert_logits_match, assert_round_trip_exact, build_megatron
     plugin, family, path, vocab = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -255,7 +255,10 @@ _EP_RANK = textwrap.dedent("""
     assert_round_trip_exact(model, converter, path)
     hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     assert_logits_match(model, hf_model, vocab)
-    print(f"EP2 OK {dist.get_rank()}", flush=True)   # one write: two ranks share the pipe
+    rank = dist.get_rank()
+    del model, converter
+    shutdown_parallel()
+    print(f"EP2 OK {rank}", flush=True)   # one write: two ranks share the pipe
 """)
 
 

@@ -18,6 +18,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.model import read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
     path = sys.argv[1]
@@ -33,6 +34,8 @@ RANK_SCRIPT = textwrap.dedent("""
     both = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
     dist.all_gather(both, dense.double())
     assert both[0].item() == both[1].item(), both
+    del actor
+    shutdown_parallel()
     print(f"EP2 OK {rank}", flush=True)
 """)
 

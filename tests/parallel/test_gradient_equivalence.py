@@ -26,6 +26,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.critic import MegatronCritic
     from rlcore.megatron.model import read_hf_weights
+    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
     path, out, role, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
@@ -58,6 +59,8 @@ RANK_SCRIPT = textwrap.dedent("""
         weights = {"values": model.values(batch) * batch["response_mask"]}
     if dist.get_rank() == 0:
         save_file(weights, out)
+    del model
+    shutdown_parallel()
 """)
 
 LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel)

@@ -36,3 +36,17 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1, cp: int 
     # generator per pipeline stage as well; router/bias init draw from it.
     torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
     model_parallel_cuda_manual_seed(seed)
+
+
+def shutdown_parallel() -> None:
+    """Tear down Megatron's groups and torch.distributed before a process exits; call it once nothing references a
+    model. A process group still alive at interpreter exit is torn down there, where gloo aborted the process
+    ("terminate called without an active exception") in a few runs of 30."""
+    import gc
+
+    from megatron.core import parallel_state as mpu
+
+    mpu.destroy_model_parallel()
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

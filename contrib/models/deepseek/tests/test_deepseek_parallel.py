@@ -23,6 +23,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.model import read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_deepseek.plugin import DEEPSEEK_V3
     from rlcore_plugins.optimizers import SPECS
     path, layout = sys.argv[1:]
@@ -50,7 +51,10 @@ RANK_SCRIPT = textwrap.dedent("""
         both = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
         dist.all_gather(both, replicated)
         assert both[0].item() == both[1].item(), both
-    print(f"OK {layout} {dist.get_rank()}", flush=True)   # one write: two ranks share the pipe
+    rank = dist.get_rank()
+    del actor
+    shutdown_parallel()
+    print(f"OK {layout} {rank}", flush=True)   # one write: two ranks share the pipe
 """)
 
 

@@ -51,9 +51,11 @@ MOE_CASES = COMMON + [
     ({"rms_norm_eps": 1e-5, "rope_theta": OMIT, "norm_topk_prob": OMIT, "num_experts_per_tok": 4,
       "num_key_value_heads": 2, "num_hidden_layers": 3, "tie_word_embeddings": True}, None),
 ]
-# Read but not structural: naming the architecture, or kept as published because transformers' model ignores it.
-NOT_VARIED = {"architectures", "model_type", "num_local_experts", "layer_types", "sliding_window",
-              "rope_parameters"}   # rope_theta's normal form
+# Read, and varied through the keys they derive from (or naming the architecture).
+NOT_VARIED = {"architectures", "model_type",
+              "num_local_experts",    # num_experts' normal form in transformers 5
+              "layer_types",          # derived from use_sliding_window / max_window_layers
+              "rope_parameters"}      # rope_theta's normal form
 
 SWEEPS = {"qwen3": (QWEN3, DENSE, DENSE_CASES), "qwen3_moe": (QWEN3_MOE, MOE, MOE_CASES)}
 test_published_config_variation, test_sweep_varies_every_key_the_plugin_reads = sweep_tests(SWEEPS, NOT_VARIED)
