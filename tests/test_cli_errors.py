@@ -13,7 +13,8 @@ def rlcore(*args, timeout=120):
 @pytest.mark.parametrize("args, expected", [
     (["run", "--plugins=qwen3,grpo,nosuch"], "unknown plugin(s) 'nosuch' in --plugins. Installed plugins:"),
     (["run", "trainer.stpes=5"], "unknown config key 'trainer.stpes' (did you mean 'steps'?)"),
-    (["run", "trainer.steps=five"], "config key 'trainer.steps' has an invalid value 'five'"),
+    (["run", "trainer.steps=five"], "config key 'trainer.steps' has an invalid value 'five': Value 'five' of type "
+                                    "'str' could not be converted to Integer"),
     (["run", "model.path=/nonexistent/ckpt"], "model.path '/nonexistent/ckpt' does not exist"),
     (["run", "--plugins=qwen3,grpo,vllm", "model.family=llama"],
      "no model named 'llama' is registered (registered: qwen3, qwen3_moe)"),
@@ -33,9 +34,11 @@ def test_model_config_the_plugin_cannot_map_is_refused_before_workers_start(tmp_
     """A real checkpoint (transformers' Qwen3 with attention biases) that the Qwen3 plugin cannot reproduce."""
     from rlcore.testing import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 
     tiny_checkpoint(QWEN3, str(tmp_path), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                     ffn_hidden_size=64, max_position_embeddings=32, hf_overrides={"attention_bias": True})
+    write_char_tokenizer(str(tmp_path))
     result = rlcore("run", "--plugins=qwen3,grpo,vllm", f"model.path={tmp_path}")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]

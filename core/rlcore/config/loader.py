@@ -14,6 +14,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlcore.config.schema import Config
 from rlcore.errors import ConfigError
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DEFAULT_PRESET = "quickstart"
 
 
@@ -51,12 +52,10 @@ def _explain(e: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
         parent = OmegaConf.select(schema, key.rsplit(".", 1)[0]) if "." in key else schema
         return ConfigError(f"unknown config key {key!r}{_suggest(key, parent)}. "
                            f"Run `rlcore run --help-config` to list the keys.")
+    reason = str(getattr(e, "msg", e)).splitlines()[0]     # omegaconf appends full_key / reference_type lines
     if isinstance(e, ValidationError):
-        expected = getattr(e, "ref_type", None) or ""
-        value = getattr(e, "value", None)
-        hint = f"; expected {getattr(expected, '__name__', expected)}" if expected else ""
-        return ConfigError(f"config key {key!r} has an invalid value {value!r}{hint}: {e.msg}")
-    return ConfigError(f"config key {key!r}: {getattr(e, 'msg', e)}")
+        return ConfigError(f"config key {key!r} has an invalid value {getattr(e, 'value', None)!r}: {reason}")
+    return ConfigError(f"config key {key!r}: {reason}")
 
 
 def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -135,6 +134,13 @@ def check_values(cfg: Config) -> None:
             default = ("leave model.path empty to build the task's tiny model" if key == "model.path"
                        else "leave critic.model_path empty to start the critic from the actor's checkpoint")
             raise ConfigError(f"{key} {given!r} {what}: give a Hugging Face checkpoint directory, or {default}")
+        if given and not any(f.endswith(".safetensors") for f in os.listdir(path)):
+            raise ConfigError(f"{key} {given!r} has no *.safetensors weights (rlcore reads safetensors only; "
+                              f"save the model with transformers' save_pretrained)")
+    if cfg.model.path and not any(os.path.isfile(os.path.join(os.path.expanduser(cfg.model.path), f))
+                                  for f in TOKENIZER_FILES):
+        raise ConfigError(f"model.path {cfg.model.path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save "
+                          f"the tokenizer into the checkpoint directory (tokenizer.save_pretrained)")
     if cfg.task.reward and cfg.task.rewards:
         raise ConfigError(f"task.reward = {cfg.task.reward!r} and task.rewards = {dict(cfg.task.rewards)} are both "
                           f"set: give one reward name, or weights for several")
