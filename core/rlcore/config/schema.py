@@ -55,6 +55,9 @@ class OptimConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
+    lr_warmup_steps: int = 0      # optimizer updates over which the LR rises linearly to lr
+    lr_schedule: str = "constant"  # after warm-up: constant | cosine | linear (decay to min_lr by the run's last update)
+    min_lr: float = 0.0           # where cosine / linear decay ends
     offload_fraction: float = 0.0  # share of the optimizer state held and stepped on the CPU (Megatron's hybrid
                                    # CPU/GPU optimizer; needs actor.dtype=bfloat16)
 

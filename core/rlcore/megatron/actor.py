@@ -41,8 +41,8 @@ class MegatronActor(MegatronTrainable):
 
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20,
-                 sync_transport: str = "auto"):
-        super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed)
+                 sync_transport: str = "auto", total_updates: int = 0):
+        super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed, total_updates)
         self.reference: torch.nn.Module | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch
+from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
 
@@ -55,7 +56,8 @@ class MegatronTrainable:
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
 
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: TrainedModelConfig, optimizer: OptimizerSpec,
-                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0):
+                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, total_updates: int = 0):
+        """``total_updates``: optimizer updates in the run, where a decaying LR schedule ends."""
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
@@ -70,6 +72,7 @@ class MegatronTrainable:
         self.model.config.finalize_model_grads_func = finalize_model_grads
         self.model.config.no_sync_func = self.ddp.no_sync
         self.optimizer = optimizer.build([self.ddp], cfg.optim)
+        self.updates, self.total_updates = 0, total_updates
         self._offloaded: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -213,11 +216,16 @@ class MegatronTrainable:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False, extras=extras, hook=hook)
+        lr = learning_rate(self.updates, self.cfg.optim, self.total_updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
         ok, grad_norm, _ = self.optimizer.step()
+        self.updates += 1
         metrics: dict[str, float] = {}
         for r in results:
             for k, v in r.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v) / len(results)
         metrics[f"{self.role}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics[f"{self.role}/update_skipped"] = 0.0 if ok else 1.0
+        metrics[f"{self.role}/lr"] = lr
         return metrics

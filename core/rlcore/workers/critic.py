@@ -7,6 +7,7 @@ import torch
 from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.losses import aggregate
+from rlcore.lr_schedule import total_updates
 from rlcore.workers.worker import Worker, parallel_coords
 
 OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
@@ -23,7 +24,7 @@ class CriticWorker(Worker):
         path = cfg.critic.model_path or model_path
         self.critic = MegatronCritic(reg.get("models", cfg.model.family), read_hf_config(path), cfg.critic,
                                      reg.get("optimizers", cfg.critic.optim.name), hf_state=read_hf_weights(path),
-                                     seed=cfg.run.seed)
+                                     seed=cfg.run.seed, total_updates=total_updates(cfg.trainer.steps, cfg.critic))
         self.offloaded = [what for what in OFFLOAD_ORDER if getattr(cfg.critic.offload, what)]
         self.coords = parallel_coords(rank)
 

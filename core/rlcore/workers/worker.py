@@ -12,6 +12,7 @@ from rlcore.data import Batch
 from rlcore.engine.hybrid import HybridEngine
 from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.losses import aggregate, masked_mean
+from rlcore.lr_schedule import total_updates
 
 
 def _node() -> str:
@@ -83,7 +84,8 @@ class ActorRolloutWorker(Worker):
         self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
                                    reg.get("optimizers", cfg.actor.optim.name), hf_state=read_hf_weights(model_path),
                                    seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)),
-                                   sync_transport=cfg.rollout.sync_transport)
+                                   sync_transport=cfg.rollout.sync_transport,
+                                   total_updates=total_updates(cfg.trainer.steps, cfg.actor))
         if self.algorithm.needs_reference(self.algo_cfg):
             self.actor.freeze_reference()
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
