@@ -51,8 +51,10 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: Optimizer
     start = time.perf_counter()
     from transformers import AutoTokenizer
 
+    log.info("no cached starting checkpoint: building the tiny model and warm-starting it for %d steps (cached in "
+             "%s for later runs)", cfg.warm_start.steps, target)
     loss = supervised_warm_start(actor, task, AutoTokenizer.from_pretrained(tmp), cfg.warm_start.steps,
-                                 cfg.warm_start.batch_size)
+                                 cfg.warm_start.batch_size, progress=cfg.run.progress)
     actor.save_hf(tmp)
     with open(os.path.join(tmp, READY), "w") as f:
         json.dump({"warm_start_steps": cfg.warm_start.steps, "final_loss": loss,
@@ -62,12 +64,16 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: Optimizer
     return target
 
 
-def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: int) -> float:
-    """Teacher-forced training on the task's (prompt, completion + EOS) examples; returns the last loss."""
+def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: int, progress: bool = False) -> float:
+    """Teacher-forced training on the task's (prompt, completion + EOS) examples; returns the last loss.
+    ``progress``: a progress bar with the loss, like the RL loop's."""
+    from tqdm import tqdm
+
     eos = tokenizer.eos_token_id
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     loss = float("nan")
-    for step in range(steps):
+    bar = tqdm(range(steps), desc="warm start (cached after the first run)", unit="step", disable=not progress, dynamic_ncols=True)
+    for step in bar:
         examples = task.supervised_examples(step, batch_size)
         batch = Batch(build_sequences([encode(p) for p, _ in examples], [encode(c) + [eos] for _, c in examples],
                                       pad_id=eos))
@@ -79,4 +85,6 @@ def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: 
             return share, {"sft/loss": masked_mean(-logp, mask).item()}
 
         loss = actor.train_step(batch, nll)["sft/loss"]
+        bar.set_postfix({"loss": f"{loss:.3f}"}, refresh=False)
+    bar.close()
     return loss
