@@ -72,7 +72,8 @@ def supervised_warm_start(actor, task: Task, tokenizer, steps: int, batch_size: 
     eos = tokenizer.eos_token_id
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     loss = float("nan")
-    bar = tqdm(range(steps), desc="warm start (cached after the first run)", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc="warm start (cached after the first run)", unit="step", disable=not progress,
+               dynamic_ncols=True)
     for step in bar:
         examples = task.supervised_examples(step, batch_size)
         batch = Batch(build_sequences([encode(p) for p, _ in examples], [encode(c) + [eos] for _, c in examples],
