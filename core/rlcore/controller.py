@@ -16,7 +16,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.plugins import LoadedPlugins
-from rlcore.rewards import RewardComposer, Scores, neutral_fill
+from rlcore.rewards import RewardComposer, Scores, load_reward_file, neutral_fill
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
@@ -50,7 +50,12 @@ class Trainer:
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
-        weights = dict(cfg.task.rewards) or {cfg.task.reward or task_spec.default_reward: 1.0}
+        default_reward = task_spec.default_reward
+        if cfg.task.reward_fn:
+            file_reward = load_reward_file(cfg.task.reward_fn)
+            reg.add("rewards", file_reward, owner=f"task.reward_fn={cfg.task.reward_fn}")
+            default_reward = file_reward.name
+        weights = dict(cfg.task.rewards) or {cfg.task.reward or default_reward: 1.0}
         self.rewards = RewardComposer([(reg.get("rewards", n), w) for n, w in weights.items()],
                                       strict=cfg.task.strict_rewards)
         self.failure_reasons_seen: set[str] = set()

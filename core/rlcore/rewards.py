@@ -7,13 +7,16 @@ reason; in strict mode the first failure stops the run instead. A non-finite val
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-from rlcore.errors import RlcoreError
+from rlcore.errors import ConfigError, RlcoreError
 from rlcore.specs import RewardSpec
 
 
@@ -109,3 +112,44 @@ def neutral_fill(rewards: torch.Tensor, failed: torch.Tensor, group_ids: torch.T
         ok = in_group & ~failed
         rewards[in_group & failed] = rewards[ok].mean() if ok.any() else 0.0
     return rewards
+
+
+def load_reward_file(target: str) -> RewardSpec:
+    """A reward function from a Python file, ``path/to/file.py:function``, registered under the function's name.
+    It takes rlcore's batched signature ``fn(responses, metadata) -> list[float]``, or verl's per-sample
+    ``compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | {"score": ...}`` (the
+    ground truth is ``metadata["answer"]``)."""
+    path, _, name = target.rpartition(":")
+    if not path or not name:
+        raise ConfigError(f"task.reward_fn {target!r}: give path/to/file.py:function")
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"task.reward_fn: the file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location(f"rlcore_reward_file_{abs(hash(path))}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise ConfigError(f"task.reward_fn: importing {path!r} failed: {type(e).__name__}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise ConfigError(f"task.reward_fn: {path!r} defines no function {name!r} (it defines: "
+                          f"{', '.join(defined) or 'none'})")
+    if "solution_str" in inspect.signature(fn).parameters:
+        return RewardSpec(name, _per_sample(fn))
+    return RewardSpec(name, fn)
+
+
+def _per_sample(compute_score):
+    """verl's per-sample reward signature, called once per response."""
+    def batched(responses: list[str], metadata: list[dict]) -> list[float]:
+        scores = []
+        for response, meta in zip(responses, metadata):
+            score = compute_score(data_source=meta.get("data_source", ""), solution_str=response,
+                                  ground_truth=meta.get("answer"), extra_info=meta.get("extra_info"))
+            scores.append(float(score["score"] if isinstance(score, dict) else score))
+        return scores
+    return batched

@@ -56,7 +56,7 @@ class OptimConfig:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     lr_warmup_steps: int = 0      # optimizer updates over which the LR rises linearly to lr
-    lr_schedule: str = "constant"  # after warm-up: constant | cosine | linear (decay to min_lr by the run's last update)
+    lr_schedule: str = "constant"  # after warm-up: constant | cosine | linear (to min_lr by the run's last update)
     min_lr: float = 0.0           # where cosine / linear decay ends
     offload_fraction: float = 0.0  # share of the optimizer state held and stepped on the CPU (Megatron's hybrid
                                    # CPU/GPU optimizer; needs actor.dtype=bfloat16)
@@ -129,6 +129,8 @@ class TaskConfig:
     reward: str = ""              # a registered reward; empty = the task's default
     rewards: Dict[str, float] = field(default_factory=dict)   # several rewards with weights, e.g. {exact_match: 1.0,
                                   # format: 0.1}: the reward is the weighted sum, each component logged; replaces reward
+    reward_fn: str = ""           # a reward from a file, path/to/file.py:function (batched or verl's compute_score);
+                                  # registered under the function's name and the reward unless reward(s) is set
     strict_rewards: bool = False  # a reward function that raises stops the run (default: the sample is marked
                                   # failed, counted in reward/failed, left out of the loss)
     options: Dict[str, Any] = field(default_factory=dict)   # task-specific, validated by the task

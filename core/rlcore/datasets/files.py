@@ -2,7 +2,8 @@
 
 verl's RL datasets are Parquet files with ``data_source``, ``prompt`` (a list of chat messages),
 ``reward_model.ground_truth`` and ``extra_info``; those are the default columns, so such a file is read unchanged.
-Other files name their columns (``Columns``); a dotted name reaches into a struct column (``reward_model.ground_truth``).
+Other files name their columns (``Columns``); a dotted name reaches into a struct column
+(``reward_model.ground_truth``).
 A prompt may be a list of {"role", "content"} messages or a plain string.
 """
 from __future__ import annotations

@@ -32,8 +32,9 @@ def _rope(hf: dict) -> dict:
     mscale, mscale_all_dim = params.get("mscale") or 0.0, params.get("mscale_all_dim") or 0.0
     if kind != "yarn" or params.get("attention_factor") is not None or not params.get("truncate", True) \
             or (mscale_all_dim and not mscale):
-        raise unsupported("DeepSeek-V3", "rope_parameters", dict(params), "only the default RoPE and YaRN (with factor, "
-                          "beta_fast/slow, mscale and mscale_all_dim, no attention_factor) map onto Megatron's MLA")
+        raise unsupported("DeepSeek-V3", "rope_parameters", dict(params), "only the default RoPE and YaRN (with "
+                          "factor, beta_fast/slow, mscale and mscale_all_dim, no attention_factor) map onto "
+                          "Megatron's MLA")
     original = params.get("original_max_position_embeddings", hf["max_position_embeddings"])
     return dict(rope_type="yarn", rotary_base=theta, original_max_position_embeddings=original,
                 rotary_scaling_factor=float(params.get("factor") or hf["max_position_embeddings"] / original),
