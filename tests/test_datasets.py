@@ -46,7 +46,7 @@ def test_jsonl_and_json_with_a_column_mapping_and_plain_prompts(tmp_path):
     ("broken.jsonl", "{not json\n", "cannot be read as jsonl: JSONDecodeError"),
     ("object.json", '{"prompt": "x"}', "holds one array of objects"),
     ("columns.jsonl", '{"question": "1+1=", "reward_model": {"ground_truth": "2"}}\n',
-     "has no column 'prompt' for the prompt (data.prompt_key); its columns are ['question', 'reward_model']"),
+     "has no column 'prompt' for the prompt (task.options.prompt_key); its columns are ['question', 'reward_model']"),
     ("answer.jsonl", '{"prompt": "1+1="}\n', "has no column 'reward_model.ground_truth' for the answer"),
     ("shape.jsonl", '{"prompt": [{"text": "hi"}], "reward_model": {"ground_truth": "2"}}\n',
      "is neither text nor a list of {'role', 'content'} messages"),

@@ -7,63 +7,43 @@ from rlcore.datasets import PromptRecord
 from rlcore.datasets.prompts import PromptRenderer, render_and_filter
 from rlcore.errors import ConfigError
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-QWEN_STYLE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    corpus = ["What is 2+3? Let's think step by step.", "Natalia sold 48 clips in April.", "Be brief."] * 20
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=QWEN_STYLE)
-
-
 def record(prompt, origin="train.parquet:0"):
     return PromptRecord(prompt=prompt, answer="5", source="openai/gsm8k", origin=origin)
 
 
-def test_chat_messages_render_with_the_tokenizers_template(tokenizer):
-    renderer = PromptRenderer(tokenizer)
+def test_chat_messages_render_with_the_tokenizers_template(chat_tokenizer):
+    renderer = PromptRenderer(chat_tokenizer)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
     text = renderer.text(record(messages))
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
                     "<|im_start|>assistant\n")
     ids = renderer.ids(record(messages))
-    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    assert ids.count(start) == 3 and ids.count(end) == 2 and tokenizer.decode(ids) == text
+    start, end = chat_tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    assert ids.count(start) == 3 and ids.count(end) == 2 and chat_tokenizer.decode(ids) == text
 
 
-def test_plain_text_prompts_are_a_user_message_or_used_as_they_are(tokenizer):
-    assert PromptRenderer(tokenizer).text(record("What is 2+3?")) == \
+def test_plain_text_prompts_are_a_user_message_or_used_as_they_are(chat_tokenizer):
+    assert PromptRenderer(chat_tokenizer).text(record("What is 2+3?")) == \
         "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
-    assert PromptRenderer(tokenizer, chat_template=False).text(record("What is 2+3?")) == "What is 2+3?"
-    assert PromptRenderer(tokenizer, chat_template="Q: {{ messages[-1]['content'] }}\nA:").text(
+    assert PromptRenderer(chat_tokenizer, chat_template=False).text(record("What is 2+3?")) == "What is 2+3?"
+    assert PromptRenderer(chat_tokenizer, chat_template="Q: {{ messages[-1]['content'] }}\nA:").text(
         record("What is 2+3?")) == "Q: What is 2+3?\nA:"
 
 
-def test_template_mistakes_are_one_clear_error(tokenizer):
+def test_template_mistakes_are_one_clear_error(chat_tokenizer):
     with pytest.raises(ConfigError, match="train.parquet:0: the prompt is a list of chat messages but "
-                                          "data.chat_template is false"):
-        PromptRenderer(tokenizer, chat_template=False).text(record([{"role": "user", "content": "hi"}]))
+                                          "task.options.chat_template is false"):
+        PromptRenderer(chat_tokenizer, chat_template=False).text(record([{"role": "user", "content": "hi"}]))
     with pytest.raises(ConfigError, match="train.parquet:0: the chat template failed to render the prompt: "
                                           "TemplateError: no system prompts"):
-        PromptRenderer(tokenizer, chat_template="{{ raise_exception('no system prompts') }}").text(record("hi"))
-    bare = tokenizer.__class__(tokenizer_object=tokenizer.backend_tokenizer)
-    with pytest.raises(ConfigError, match="the tokenizer has no chat template: set data.chat_template=false"):
+        PromptRenderer(chat_tokenizer, chat_template="{{ raise_exception('no system prompts') }}").text(record("hi"))
+    bare = chat_tokenizer.__class__(tokenizer_object=chat_tokenizer.backend_tokenizer)
+    with pytest.raises(ConfigError, match="the tokenizer has no chat template: set task.options.chat_template=false"):
         PromptRenderer(bare)
 
 
-def test_overlong_prompts_are_left_out_and_counted(tokenizer, caplog):
-    renderer = PromptRenderer(tokenizer)
+def test_overlong_prompts_are_left_out_and_counted(chat_tokenizer, caplog):
+    renderer = PromptRenderer(chat_tokenizer)
     short = [record("What is 2+3?", f"a.jsonl:{i}") for i in range(3)]
     long = [record("Natalia sold 48 clips in April. " * 8, f"b.jsonl:{i}") for i in range(2)]
     limit = max(len(renderer.ids(r)) for r in short)
@@ -71,6 +51,6 @@ def test_overlong_prompts_are_left_out_and_counted(tokenizer, caplog):
         kept, dropped = render_and_filter(short + long, renderer, limit)
     assert [k.record for k in kept] == short and dropped == 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"data.train_files: 2 prompt(s) longer than data.max_prompt_len={limit} tokens left out (2 from b.jsonl)"]
-    with pytest.raises(ConfigError, match="every one of the 2 prompts is longer than data.max_prompt_len=3"):
+        f"task.options.train_files: 2 prompt(s) longer than task.options.max_prompt_len={limit} tokens left out (2 from b.jsonl)"]
+    with pytest.raises(ConfigError, match="every one of the 2 prompts is longer than task.options.max_prompt_len=3"):
         render_and_filter(long, renderer, 3)

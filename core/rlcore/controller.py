@@ -92,6 +92,7 @@ class Trainer:
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
+        self.task.bind_tokenizer(self.tokenizer)
         self.max_len = hf_config["max_position_embeddings"]
         self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
         if self.algorithm.needs_critic(self.algo_cfg):
@@ -137,9 +138,11 @@ class Trainer:
 
     # --- evaluation ----------------------------------------------------------------------------------------------
     def evaluate(self) -> float:
-        """Greedy held-out accuracy (mean reward)."""
-        self.workers.rollout_mode()
+        """Greedy held-out accuracy (mean reward); NaN when the task has no held-out prompts."""
         prompts = self.task.eval_prompts()
+        if not prompts:
+            return float("nan")
+        self.workers.rollout_mode()
         gens = self.workers.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
                                      max_tokens=self.cfg.rollout.max_response_len)
         scores = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])

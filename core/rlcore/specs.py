@@ -146,6 +146,10 @@ class Task(abc.ABC):
     def eval_prompts(self) -> list[tuple[str, dict]]:
         """The held-out set, fixed for the run."""
 
+    def bind_tokenizer(self, tokenizer) -> None:
+        """Called once the model's tokenizer is loaded, before any prompt is asked for: a task that renders
+        prompts with the chat template, or filters them by token length, does it here."""
+
     def supervised_examples(self, step: int, count: int) -> list[tuple[str, str]]:
         """(prompt, completion) pairs for a supervised warm start; tasks without them raise."""
         raise NotImplementedError(f"task {type(self).__name__} has no supervised examples for a warm start")

@@ -1,7 +1,7 @@
 """The built-in plugin: always loaded, whatever --plugins selects."""
 from rlcore.hookspecs import hookimpl
 from rlcore_plugins import loggers, optimizers, rewards
-from rlcore_plugins.tasks import arithmetic
+from rlcore_plugins.tasks import arithmetic, dataset
 
 
 @hookimpl
@@ -11,7 +11,7 @@ def rlcore_optimizers():
 
 @hookimpl
 def rlcore_tasks():
-    return [arithmetic.ADDITION]
+    return [arithmetic.ADDITION, dataset.DATASET]
 
 
 @hookimpl

@@ -40,7 +40,7 @@ def read_prompt_files(paths: list[str], columns: Columns = Columns(), default_so
     """Every row of every file, in order. Each mistake (a missing or unreadable file, an unknown format, a missing
     column) raises one ConfigError that names the file and what to do."""
     if not paths:
-        raise ConfigError("no prompt files given (data.train_files is empty)")
+        raise ConfigError("no prompt files given (task.options.train_files is empty)")
     return [record for path in paths for record in _read_file(path, columns, default_source)]
 
 
@@ -59,8 +59,8 @@ def _read_file(path: str, columns: Columns, default_source: str) -> list[PromptR
     present = sorted({key for row in rows[:1] for key in row})
     for role, name in (("prompt", columns.prompt), ("answer", columns.answer)):
         if rows and _lookup(rows[0], name) is _MISSING:
-            raise ConfigError(f"prompt file {path!r} has no column {name!r} for the {role} (data.{role}_key); its "
-                              f"columns are {present}")
+            raise ConfigError(f"prompt file {path!r} has no column {name!r} for the {role} "
+                              f"(task.options.{role}_key); its columns are {present}")
     return [_record(row, columns, default_source, f"{path}:{i}") for i, row in enumerate(rows)]
 
 

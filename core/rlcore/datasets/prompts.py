@@ -18,15 +18,15 @@ class PromptRenderer:
     def __init__(self, tokenizer, chat_template: bool | str = True):
         self.tokenizer, self.template = tokenizer, chat_template
         if chat_template is True and not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("the tokenizer has no chat template: set data.chat_template=false for a base model "
-                              "(prompts used as plain text) or give one with data.chat_template_file")
+            raise ConfigError("the tokenizer has no chat template: set task.options.chat_template=false for a base "
+                              "model (prompts used as plain text) or give one with task.options.chat_template_file")
 
     def text(self, record: PromptRecord) -> str:
         prompt = record.prompt
         if self.template is False:
             if not isinstance(prompt, str):
-                raise ConfigError(f"{record.origin}: the prompt is a list of chat messages but data.chat_template is "
-                                  f"false; turn templating on, or give prompts as plain text")
+                raise ConfigError(f"{record.origin}: the prompt is a list of chat messages but "
+                                  f"task.options.chat_template is false; turn templating on, or give plain text")
             return prompt
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         try:
@@ -47,26 +47,28 @@ class PromptRenderer:
 @dataclass
 class RenderedPrompt:
     record: PromptRecord
+    text: str                       # what the policy is prompted with (the chat template applied)
     ids: list[int]
 
 
 def render_and_filter(records: list[PromptRecord], renderer: PromptRenderer, max_prompt_len: int,
-                      what: str = "data.train_files") -> tuple[list[RenderedPrompt], int]:
+                      what: str = "task.options.train_files") -> tuple[list[RenderedPrompt], int]:
     """Render every record; those longer than ``max_prompt_len`` tokens are left out and counted (a warning says how
     many, from which files). Returns the kept prompts and the count left out; nothing kept is an error."""
     kept: list[RenderedPrompt] = []
     dropped: dict[str, int] = {}          # file -> prompts left out
     for record in records:
-        ids = renderer.ids(record)
+        text = renderer.text(record)
+        ids = renderer.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > max_prompt_len:
             file = record.origin.rsplit(":", 1)[0]
             dropped[file] = dropped.get(file, 0) + 1
         else:
-            kept.append(RenderedPrompt(record, ids))
+            kept.append(RenderedPrompt(record, text, ids))
     if dropped:
-        log.warning("%s: %d prompt(s) longer than data.max_prompt_len=%d tokens left out (%s)", what,
+        log.warning("%s: %d prompt(s) longer than task.options.max_prompt_len=%d tokens left out (%s)", what,
                     sum(dropped.values()), max_prompt_len, ", ".join(f"{n} from {f}" for f, n in dropped.items()))
     if not kept:
-        raise ConfigError(f"{what}: every one of the {len(records)} prompts is longer than data.max_prompt_len="
+        raise ConfigError(f"{what}: every one of the {len(records)} prompts is longer than task.options.max_prompt_len="
                           f"{max_prompt_len} tokens; raise it")
     return kept, sum(dropped.values())

@@ -1,0 +1,85 @@
+"""The `dataset` task: verl-format files through the task contract, and end to end the addition task exported as a
+verl Parquet file trains through it (real megatron-core, real vLLM) and learns as the built-in task does."""
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rlcore_plugins.tasks.dataset import _build
+
+
+def verl_rows(prompts_and_answers, source="addition", messages=False):
+    return [{"data_source": source,
+             "prompt": [{"role": "user", "content": p}] if messages else p,
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": a},
+             "extra_info": {"index": i}} for i, (p, a) in enumerate(prompts_and_answers)]
+
+
+def write(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_prompts_are_rendered_sampled_per_epoch_and_carry_the_ground_truth(tmp_path, chat_tokenizer, capsys):
+    train = write(tmp_path / "train.parquet", verl_rows([(f"What is {i}+3?", str(i + 3)) for i in range(5)] +
+                                                        [("Natalia sold 48 clips in April. " * 20, "x")],
+                                                        messages=True))
+    val = write(tmp_path / "val.parquet", verl_rows([("What is 2+3?", "5")], messages=True))
+    task = _build({"train_files": [train], "val_files": [val], "max_prompt_len": 40}, seed=0)
+    task.bind_tokenizer(chat_tokenizer)
+    assert task.left_out == 1 and "5 training prompts (1 left out as too long)" in capsys.readouterr().err
+    first = task.train_prompts(step=1, count=3)
+    assert task.train_prompts(step=1, count=5)[:3] == first                 # a larger count extends the step
+    epoch = {m["answer"] for _, m in task.train_prompts(1, 5)}
+    assert epoch == {"3", "4", "5", "6", "7"}                               # one epoch: every prompt once
+    text, meta = task.eval_prompts()[0]
+    assert text == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    assert meta == {"answer": "5", "data_source": "addition", "extra_info": {"index": 0}}
+
+
+def test_prompts_before_the_tokenizer_is_bound_are_refused(tmp_path):
+    task = _build({"train_files": [write(tmp_path / "t.parquet", verl_rows([("1+1=", "2")]))]}, seed=0)
+    with pytest.raises(RuntimeError, match="bind_tokenizer first"):
+        task.train_prompts(0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_addition_as_verl_parquet_learns_through_the_dataset_task(tmp_path, warm_start_cache):
+    """The quickstart's model and warm start, its task's prompts exported as verl Parquet (train pairs; the 200
+    held-out pairs as validation), 80 GRPO steps: held-out accuracy rises by the quickstart test's margin."""
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    from rlcore.config import load_config
+    from rlcore.plugins import load_plugins
+    from rlcore.warm_start import prepare_model
+    from rlcore_plugins.tasks.arithmetic import ADDITION
+
+    cfg = load_config("quickstart", [f"warm_start.cache_dir={warm_start_cache}"])
+    registry = load_plugins(["qwen3", "grpo", "vllm"]).registry
+    addition = ADDITION.build(dict(cfg.task.options), cfg.run.seed)
+    model_path = prepare_model(cfg, registry.get("models", "qwen3"), addition, registry.get("optimizers", "adam"))
+    as_pairs = lambda pairs: [(p, m["answer"]) for p, m in pairs]  # noqa: E731
+    train = write(tmp_path / "train.parquet", verl_rows(as_pairs(addition.train_prompts(0, 3000))))
+    val = write(tmp_path / "val.parquet", verl_rows(as_pairs(addition.eval_prompts())))
+    run_dir = tmp_path / "run"
+    recipe = OmegaConf.load(resources.files("rlcore.presets") / "quickstart.yaml")   # the quickstart, its task
+    recipe.task = {"name": "dataset", "reward": "exact_match",                      # replaced by the files
+                   "options": {"train_files": [train], "val_files": [val], "chat_template": False}}
+    OmegaConf.save(recipe, tmp_path / "recipe.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", str(tmp_path / "recipe.yaml"),
+         f"model.path={model_path}", "trainer.steps=80", "trainer.eval_every=40", "run.progress=false",
+         f"run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history if "eval/accuracy" in h] == [40, 80]
+    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.10, summary
