@@ -82,13 +82,9 @@ class Trainer:
             json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
         self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
         hf_config = read_hf_config(self.model_path)
-        arch = (hf_config.get("architectures") or ["?"])[0]
-        if arch not in self.spec.hf_architectures:
-            raise RlcoreError(f"model.path {self.model_path} holds a {arch} checkpoint but model.family "
-                              f"{self.spec.name!r} handles {', '.join(self.spec.hf_architectures)}")
         try:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
-        except ValueError as e:        # a config value the model plugin cannot map: refused before workers start
+        except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id

@@ -50,9 +50,13 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
 
 
 def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32") -> None:
-    """Everything the model plugin derives from ``hf_config`` (TransformerConfig, GPTModel arguments, weight
-    rules), without building a model: a value the plugin cannot map raises its ValueError here, before any worker
-    starts."""
+    """The checkpoint's architecture is the family's, and everything the model plugin derives from ``hf_config``
+    (TransformerConfig, GPTModel arguments, weight rules) builds, without building a model: a mismatch, or a value
+    the plugin cannot map, raises a ValueError here."""
+    arch = (hf_config.get("architectures") or ["?"])[0]
+    if arch not in spec.hf_architectures:
+        raise ValueError(f"it holds a {arch} checkpoint but model.family {spec.name!r} handles "
+                         f"{', '.join(spec.hf_architectures)}")
     config = transformer_config(spec, hf_config, dtype)
     spec.gpt_kwargs(hf_config)
     spec.weight_rules(config, hf_config)
