@@ -40,8 +40,11 @@ class PromptRenderer:
         return text
 
     def ids(self, record: PromptRecord) -> list[int]:
-        """Token ids of the rendered prompt; the template already holds any special tokens it wants."""
-        return self.tokenizer.encode(self.text(record), add_special_tokens=False)
+        return self.encode(self.text(record))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a rendered prompt; the template already holds any special tokens it wants."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
 
 @dataclass
@@ -59,7 +62,7 @@ def render_and_filter(records: list[PromptRecord], renderer: PromptRenderer, max
     dropped: dict[str, int] = {}          # file -> prompts left out
     for record in records:
         text = renderer.text(record)
-        ids = renderer.tokenizer.encode(text, add_special_tokens=False)
+        ids = renderer.encode(text)
         if len(ids) > max_prompt_len:
             file = record.origin.rsplit(":", 1)[0]
             dropped[file] = dropped.get(file, 0) + 1
