@@ -45,8 +45,6 @@ def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int 
                     **sizes):
     """Write a random tiny HF checkpoint of ``spec``'s family to ``path``; returns the transformers model (eval).
     ``sizes`` go to ``spec.tiny_hf_config``; ``hf_overrides`` replace top-level keys of the config it returns."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     if spec.tiny_hf_config is None:
         raise ValueError(f"model family {spec.name!r} registers no tiny_hf_config to build a tiny checkpoint from")
     return write_checkpoint({**spec.tiny_hf_config(vocab_size=vocab_size, **sizes), **(hf_overrides or {})}, path,
