@@ -41,6 +41,28 @@ def test_prompts_are_rendered_sampled_per_epoch_and_carry_the_ground_truth(tmp_p
     assert meta == {"answer": "5", "data_source": "addition", "extra_info": {"index": 0}}
 
 
+def test_sources_are_counted_and_the_sampler_position_resumes_the_prompt_sequence(tmp_path, chat_tokenizer):
+    rows = verl_rows([(f"What is {i}+1?", str(i + 1)) for i in range(7)], source="openai/gsm8k", messages=True)
+    train = write(tmp_path / "train.parquet", rows + verl_rows([("What is 9+9?", "18")], source="mine", messages=True))
+    val = write(tmp_path / "val.parquet", verl_rows([("What is 2+3?", "5")], source="mine"))
+
+    def bound():
+        task = _build({"train_files": [train], "val_files": [val]}, seed=3)
+        task.bind_tokenizer(chat_tokenizer)
+        return task
+
+    uninterrupted = bound()
+    assert uninterrupted.data_sources() == {"openai/gsm8k": 7, "mine": 2}
+    drawn = [uninterrupted.train_prompts(step, 3) for step in range(1, 7)]     # 18 prompts: over two epochs
+    first = bound()
+    for step in range(1, 4):
+        first.train_prompts(step, 3)
+    state = json.loads(json.dumps(first.state_dict()))       # as a checkpoint stores it
+    resumed = bound()
+    resumed.load_state_dict(state)
+    assert [resumed.train_prompts(step, 3) for step in range(4, 7)] == drawn[3:]
+
+
 def test_prompts_before_the_tokenizer_is_bound_are_refused(tmp_path):
     task = _build({"train_files": [write(tmp_path / "t.parquet", verl_rows([("1+1=", "2")]))]}, seed=0)
     with pytest.raises(RuntimeError, match="bind_tokenizer first"):

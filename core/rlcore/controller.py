@@ -16,7 +16,8 @@ from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.plugins import LoadedPlugins
-from rlcore.rewards import RewardComposer, Scores, load_reward_file, neutral_fill
+from rlcore.rewards import Scores, build_rewards, neutral_fill
+from rlcore.validation import eval_metrics
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
@@ -50,14 +51,7 @@ class Trainer:
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
-        default_reward = task_spec.default_reward
-        if cfg.task.reward_fn:
-            file_reward = load_reward_file(cfg.task.reward_fn)
-            reg.add("rewards", file_reward, owner=f"task.reward_fn={cfg.task.reward_fn}")
-            default_reward = file_reward.name
-        weights = dict(cfg.task.rewards) or {cfg.task.reward or default_reward: 1.0}
-        self.rewards = RewardComposer([(reg.get("rewards", n), w) for n, w in weights.items()],
-                                      strict=cfg.task.strict_rewards)
+        self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg)
         self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
@@ -133,16 +127,19 @@ class Trainer:
         return scores
 
     # --- evaluation ----------------------------------------------------------------------------------------------
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy (mean reward); NaN when the task has no held-out prompts."""
-        prompts = self.task.eval_prompts()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out scores, ``trainer.eval_n`` responses per prompt (``rlcore.validation``); empty when the task has
+        no held-out prompts."""
+        prompts, cfg = self.task.eval_prompts(), self.cfg.trainer
         if not prompts:
-            return float("nan")
+            return {}
         self.workers.rollout_mode()
-        gens = self.workers.generate([self.encode(p) for p, _ in prompts], n=1, temperature=0.0,
-                                     max_tokens=self.cfg.rollout.max_response_len)
-        scores = self.score([self.decode(g[0].token_ids) for g in gens], [m for _, m in prompts])
-        return float(torch.nan_to_num(scores.total, nan=0.0).mean())   # a failed sample counts as wrong
+        groups = self.workers.generate([self.encode(p) for p, _ in prompts], n=cfg.eval_n,
+                                       temperature=cfg.eval_temperature, max_tokens=self.cfg.rollout.max_response_len)
+        scores = self.score([self.decode(g.token_ids) for group in groups for g in group],
+                            [m for _, m in prompts for _ in range(cfg.eval_n)])
+        return eval_metrics(scores.total.view(len(prompts), cfg.eval_n),
+                            [m.get("data_source", "") for _, m in prompts])
 
     # --- one RL step ---------------------------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -264,7 +261,8 @@ class Trainer:
         summary = {"run_dir": self.run_dir, "model_path": self.model_path,
                    "parameters": self.workers.call("num_parameters")[0],
                    "worker_nodes": [c.node for c in self.workers.coords]}
-        summary["eval_accuracy_before"] = self.evaluate()
+        eval_before = self.evaluate()
+        summary["eval_accuracy_before"] = eval_before.get("eval/accuracy", float("nan"))
         history = []
         bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress)
         try:
@@ -273,10 +271,8 @@ class Trainer:
                 start = time.perf_counter()
                 metrics = self.step(step)
                 metrics["time/step"] = time.perf_counter() - start
-                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.steps:
-                    metrics["eval/accuracy"] = self.evaluate()
-                if step == cfg.trainer.steps:
-                    metrics["eval/accuracy"] = summary["eval_accuracy_after"] = self.evaluate()
+                if step == cfg.trainer.steps or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
+                    metrics.update(self.evaluate())
                 history.append({"step": step, **metrics})
                 for lg in self.loggers:
                     lg.log(step, metrics)
@@ -286,11 +282,11 @@ class Trainer:
             bar.close()
             for lg in self.loggers:
                 lg.close()
-        if cfg.trainer.steps == 0:
-            summary["eval_accuracy_after"] = summary["eval_accuracy_before"]
+        summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
+            else summary["eval_accuracy_before"]
         if cfg.trainer.export_hf:
             summary["export"] = self.export_hf(os.path.join(self.run_dir, "hf"))
-        summary["plot"] = plot_rewards(history, summary["eval_accuracy_before"], self.run_dir)
+        summary["plot"] = plot_rewards(history, eval_before, self.run_dir)
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary

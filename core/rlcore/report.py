@@ -24,8 +24,12 @@ class ProgressBar:
         self.bar.close()
 
 
-def plot_rewards(history: list[dict], eval_before: float, run_dir: str) -> str:
-    """Training reward per step (and a moving average) with held-out accuracy points; returns the PNG path."""
+def plot_rewards(history: list[dict], eval_before: dict[str, float], run_dir: str) -> str:
+    """Training reward per step (and a moving average) with the held-out scores at each evaluation (accuracy, and
+    per data source / pass@n where there are such; ``eval_before``: the metrics of the evaluation before step 1);
+    returns the PNG path."""
+    from rlcore.validation import eval_curves
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,11 +41,16 @@ def plot_rewards(history: list[dict], eval_before: float, run_dir: str) -> str:
     window = max(1, len(rewards) // 20)
     smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1])
               for i in range(len(rewards))]
-    evals = [(0, eval_before)] + [(h["step"], h["eval/accuracy"]) for h in history if "eval/accuracy" in h]
+    evaluations = ([(0, eval_before)] if eval_before else []) + \
+        [(h["step"], h) for h in history if "eval/accuracy" in h]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, rewards, color="tab:blue", alpha=0.3, label="train reward (mean per step)")
     ax.plot(steps, smooth, color="tab:blue", label=f"train reward (moving avg, {window} steps)")
-    ax.plot(*zip(*evals), "o-", color="tab:red", label="held-out greedy accuracy")
+    if evaluations:
+        ax.plot(*zip(*[(step, m["eval/accuracy"]) for step, m in evaluations]), "o-", color="tab:red",
+                label="held-out accuracy (mean@n)")
+    for name, points in eval_curves(evaluations).items():
+        ax.plot(*zip(*points), "s--", alpha=0.8, label=f"held-out {name}")
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)

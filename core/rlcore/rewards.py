@@ -103,6 +103,79 @@ def _as_components(spec: RewardSpec, out, n: int) -> dict[str, torch.Tensor]:
     return result
 
 
+class SourceDispatch:
+    """Each row scored by the reward of its ``data_source`` (a mixed dataset: GSM8K rows by ``gsm8k``, MATH rows by
+    ``math``); a component is NaN on the rows of other sources, so its mean is over its own rows."""
+
+    def __init__(self, by_source: dict[str, RewardComposer]):
+        self.by_source = by_source
+
+    def __call__(self, responses: list[str], metadata: list[dict]) -> Scores:
+        n = len(responses)
+        scores = Scores(torch.full((n,), math.nan, dtype=torch.float64))
+        rows: dict[str, list[int]] = {}
+        for i, meta in enumerate(metadata):
+            rows.setdefault(meta.get("data_source", ""), []).append(i)
+        for source, index in rows.items():
+            if source not in self.by_source:
+                raise RlcoreError(f"a sample has data_source {source!r}, which has no reward (sources with one: "
+                                  f"{sorted(self.by_source)})")
+            part = self.by_source[source]([responses[i] for i in index], [metadata[i] for i in index])
+            at = torch.tensor(index, dtype=torch.long)
+            scores.total[at] = part.total
+            for name, values in part.components.items():
+                scores.components.setdefault(name, torch.full((n,), math.nan, dtype=torch.float64))[at] = values
+            scores.reasons.update(part.reasons)
+        return scores
+
+
+def build_rewards(task_cfg, default_reward: str, data_sources: dict[str, int], registry
+                  ) -> RewardComposer | SourceDispatch:
+    """The run's reward from the ``task`` config section. ``task.rewards`` (weights), ``task.reward``,
+    ``task.reward_fn`` or the task's default score every row alike; ``task.source_rewards`` maps data sources to
+    rewards of their own. With neither a reward for every row nor a task default, each row is scored by the reward
+    registered for its data source (``RewardSpec.data_sources``), and a source without one is refused here, before
+    anything starts, naming the sources found and the rewards registered."""
+    if task_cfg.reward_fn:
+        file_reward = load_reward_file(task_cfg.reward_fn)
+        registry.add("rewards", file_reward, owner=f"task.reward_fn={task_cfg.reward_fn}")
+        default_reward = file_reward.name
+    weights = dict(task_cfg.rewards) or ({task_cfg.reward or default_reward: 1.0}
+                                         if task_cfg.reward or default_reward else {})
+    compose = lambda w: RewardComposer([(registry.get("rewards", n), x) for n, x in w.items()],  # noqa: E731
+                                       strict=task_cfg.strict_rewards)
+    mapping = dict(task_cfg.source_rewards)
+    if weights and not mapping:
+        return compose(weights)
+    for source, name in mapping.items():
+        registry.get("rewards", name)                   # an unknown name is refused even if no row has the source
+    by_source = {}
+    for source in data_sources:
+        if source in mapping:
+            by_source[source] = compose({mapping[source]: 1.0})
+        elif weights:
+            by_source[source] = compose(weights)
+        else:
+            by_source[source] = compose({_registered_for(source, data_sources, registry): 1.0})
+    return SourceDispatch(by_source)
+
+
+def _registered_for(source: str, data_sources: dict[str, int], registry) -> str:
+    claims = [r.name for r in registry.rewards.values() if source in r.data_sources]
+    if len(claims) == 1:
+        return claims[0]
+    if claims:
+        raise ConfigError(f"data_source {source!r} is claimed by several rewards ({', '.join(claims)}): choose one "
+                          f"with task.source_rewards={{{source!r}: <reward>}}")
+    found = ", ".join(f"{s or '(none)'} ({n} rows)" for s, n in sorted(data_sources.items()))
+    registered = ", ".join(f"{r.name} ({', '.join(r.data_sources)})" if r.data_sources else r.name
+                           for r in sorted(registry.rewards.values(), key=lambda r: r.name))
+    what, key = (f"data_source {source!r}", source) if source else ("rows without a data_source", "''")
+    raise ConfigError(f"no reward for {what}. Sources found: {found}. Rewards registered (with the sources they "
+                      f"score): {registered}. Map it with task.source_rewards={{{key}: <reward>}}, or score every "
+                      f"row with task.reward=<reward>")
+
+
 def neutral_fill(rewards: torch.Tensor, failed: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Failed samples take the mean reward of their group's scored samples (0 if none), so they shift no other
     sample's group-relative advantage; their tokens are masked out of the loss by the caller."""

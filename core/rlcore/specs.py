@@ -116,9 +116,14 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """fn(responses: list[str], metadata: list[dict]) -> list[float] | dict[str, list[float]]"""
+    """fn(responses: list[str], metadata: list[dict]) -> list[float] | dict[str, list[float]]
+
+    data_sources: the ``data_source`` values (verl's dataset names, e.g. ``openai/gsm8k``) this reward scores by
+    default when a task's rows are scored by their source.
+    """
     name: str
     fn: Callable[[list[str], list[dict]], Any]
+    data_sources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ class TaskSpec:
     """A prompt source.
 
     build(options: dict, seed: int) -> Task
-    default_reward: name of a registered reward
+    default_reward: name of a registered reward; empty = each row is scored by the reward registered for its data
+        source (``Task.data_sources``), as verl does
     """
     name: str
     build: Callable[[dict, int], "Task"]
@@ -145,6 +151,19 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def eval_prompts(self) -> list[tuple[str, dict]]:
         """The held-out set, fixed for the run."""
+
+    def data_sources(self) -> dict[str, int]:
+        """Rows per ``data_source`` over every prompt the task will give (training and held-out), for rewards that
+        dispatch by source; empty when the task's rows carry no source."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """What resumes the sequence of training prompts exactly (JSON-able); empty for tasks whose prompts depend
+        on the step alone."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s result."""
 
     def bind_tokenizer(self, tokenizer) -> None:
         """Called once the model's tokenizer is loaded, before any prompt is asked for: a task that renders

@@ -45,4 +45,8 @@ def math(responses: list[str], metadata: list[dict]) -> list[float]:
     return scores
 
 
-SPECS = [RewardSpec("exact_match", exact_match), RewardSpec("gsm8k", gsm8k), RewardSpec("math", math)]
+# the data sources verl's datasets name, scored by these rewards unless the run maps them otherwise
+SPECS = [RewardSpec("exact_match", exact_match),
+         RewardSpec("gsm8k", gsm8k, data_sources=("openai/gsm8k",)),
+         RewardSpec("math", math, data_sources=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
+                                                "HuggingFaceH4/MATH-500"))]

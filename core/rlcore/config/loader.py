@@ -108,6 +108,8 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.check_logprobs_every", lambda v: v >= 0, "an integer >= 0"),
+    ("trainer.eval_n", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
     ("warm_start.steps", lambda v: v >= 0, "an integer >= 0"),
 ]
 
@@ -150,6 +152,9 @@ def check_values(cfg: Config) -> None:
     bad = {k: w for k, w in cfg.task.rewards.items() if not math.isfinite(w)}
     if bad:
         raise ConfigError(f"task.rewards has non-finite weights {bad}: use finite numbers")
+    if cfg.trainer.eval_n > 1 and cfg.trainer.eval_temperature == 0:
+        raise ConfigError(f"trainer.eval_n = {cfg.trainer.eval_n} with trainer.eval_temperature = 0: greedy "
+                          f"responses are all alike; set eval_temperature > 0 (e.g. 1.0) to sample n, or eval_n=1")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
 

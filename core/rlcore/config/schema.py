@@ -126,11 +126,14 @@ class RolloutConfig:
 @dataclass
 class TaskConfig:
     name: str = "addition"        # a registered task
-    reward: str = ""              # a registered reward; empty = the task's default
+    reward: str = ""              # a registered reward for every row; empty = the task's default (the dataset
+                                  # task's: the reward registered for each row's data_source)
     rewards: Dict[str, float] = field(default_factory=dict)   # several rewards with weights, e.g. {exact_match: 1.0,
                                   # format: 0.1}: the reward is the weighted sum, each component logged; replaces reward
     reward_fn: str = ""           # a reward from a file, path/to/file.py:function (batched or verl's compute_score);
                                   # registered under the function's name and the reward unless reward(s) is set
+    source_rewards: Dict[str, str] = field(default_factory=dict)   # data_source -> reward for rows of that source,
+                                  # e.g. {openai/gsm8k: gsm8k, my_set: math}; other rows as above
     strict_rewards: bool = False  # a reward function that raises stops the run (default: the sample is marked
                                   # failed, counted in reward/failed, left out of the loss)
     options: Dict[str, Any] = field(default_factory=dict)   # task-specific, validated by the task
@@ -144,7 +147,9 @@ class TrainerConfig:
     placement: str = "pack"       # pack: fill one node first; spread: one worker per node in turn
     devices_per_node: int = 8     # GPUs per node (on CPU: processes); used to size per-node host memory
     prompts_per_step: int = 16
-    eval_every: int = 0           # held-out greedy evaluation every N steps (0 = only before and after)
+    eval_every: int = 0           # held-out evaluation every N steps (0 = only before and after)
+    eval_n: int = 1               # responses per held-out prompt: mean@n and pass@n, overall and per data_source
+    eval_temperature: float = 0.0  # 0 = greedy (then eval_n must be 1); > 0 = sampled
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps
     logprob_tolerance: float = 1e-3
     loggers: List[str] = field(default_factory=lambda: ["console", "jsonl"])

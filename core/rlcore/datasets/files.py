@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +54,12 @@ def _read_file(path: str, columns: Columns, default_source: str) -> list[PromptR
     if suffix not in FORMATS:
         raise ConfigError(f"prompt file {path!r}: unknown format {suffix or '(no suffix)'!r}; use one of "
                           f"{', '.join(FORMATS)}")
+    start = time.perf_counter()
     try:
         rows = _rows(path, suffix)
     except Exception as e:
         raise ConfigError(f"prompt file {path!r} cannot be read as {suffix[1:]}: {type(e).__name__}: {e}") from e
+    print(f"rlcore: read {len(rows)} rows from {path} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     present = sorted({key for row in rows[:1] for key in row})
     for role, name in (("prompt", columns.prompt), ("answer", columns.answer)):
         if rows and _lookup(rows[0], name) is _MISSING:

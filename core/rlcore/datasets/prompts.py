@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tqdm import tqdm
+
 from rlcore.datasets.files import PromptRecord
 from rlcore.errors import ConfigError
 
 log = logging.getLogger(__name__)
+SHOW_PROGRESS_FROM = 2000          # rendering and tokenizing this many prompts takes seconds: show a progress bar
 
 
 class PromptRenderer:
@@ -60,7 +63,9 @@ def render_and_filter(records: list[PromptRecord], renderer: PromptRenderer, max
     many, from which files). Returns the kept prompts and the count left out; nothing kept is an error."""
     kept: list[RenderedPrompt] = []
     dropped: dict[str, int] = {}          # file -> prompts left out
-    for record in records:
+    progress = tqdm(records, desc=f"rendering {what}", unit="prompt", disable=len(records) < SHOW_PROGRESS_FROM,
+                    dynamic_ncols=True)
+    for record in progress:
         text = renderer.text(record)
         ids = renderer.encode(text)
         if len(ids) > max_prompt_len:

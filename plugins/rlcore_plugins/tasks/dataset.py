@@ -1,9 +1,11 @@
 """The `dataset` task: prompts from files (verl's Parquet schema as is, or JSONL / JSON / Parquet through a column
 mapping), rendered with the checkpoint's chat template once the tokenizer is known, overlong prompts counted and left
-out. Each sample's metadata holds ``answer`` (the ground truth), ``data_source`` and ``extra_info`` for the reward."""
+out. Each sample's metadata holds ``answer`` (the ground truth), ``data_source`` and ``extra_info`` for the reward;
+unless a reward is configured, each row is scored by the reward registered for its ``data_source``."""
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import List
 
@@ -40,7 +42,8 @@ class Dataset(Task):
         self.val: list[RenderedPrompt] = []
         self.left_out = 0
         self.sampler: EpochSampler | None = None
-        self._steps: dict[int, list[int]] = {}
+        self._step = -1
+        self._drawn: list[int] = []        # the prompts drawn for the current step (dynamic sampling may ask again)
 
     def bind_tokenizer(self, tokenizer) -> None:
         template: bool | str = self.options.chat_template
@@ -69,13 +72,28 @@ class Dataset(Task):
     def train_prompts(self, step, count):
         if self.sampler is None:
             raise RuntimeError("the dataset task renders prompts with the model's tokenizer: bind_tokenizer first")
-        drawn = self._steps.setdefault(step, [])
-        if count > len(drawn):          # a larger count at the same step extends the list (dynamic sampling)
-            drawn.extend(self.sampler.take(count - len(drawn)))
-        return [self._example(self.train[i]) for i in drawn[:count]]
+        if step != self._step:
+            self._step, self._drawn = step, []
+        if count > len(self._drawn):    # a larger count at the same step extends the list (dynamic sampling)
+            self._drawn.extend(self.sampler.take(count - len(self._drawn)))
+        return [self._example(self.train[i]) for i in self._drawn[:count]]
 
     def eval_prompts(self):
         return [self._example(p) for p in self.val]
+
+    def data_sources(self):
+        return dict(Counter(r.source for r in self.train_records + self.val_records))
+
+    def state_dict(self):
+        if self.sampler is None:
+            raise RuntimeError("the dataset task's sampler starts in bind_tokenizer")
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state):
+        if self.sampler is None:
+            raise RuntimeError("the dataset task's sampler starts in bind_tokenizer")
+        self.sampler.load_state_dict(state["sampler"])
+        self._step, self._drawn = -1, []
 
 
 def _build(options: dict, seed: int) -> Dataset:
@@ -84,6 +102,6 @@ def _build(options: dict, seed: int) -> Dataset:
     return Dataset(bind_plugin_section("task.options", options, DatasetOptions), seed)
 
 
-DATASET = TaskSpec("dataset", _build, default_reward="math",
+DATASET = TaskSpec("dataset", _build, default_reward="",
                    description="prompts from Parquet/JSONL/JSON files (verl's schema or a column mapping), rendered "
-                               "with the chat template; math reward by default")
+                               "with the chat template; each row scored by the reward of its data_source")
