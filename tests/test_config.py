@@ -79,3 +79,11 @@ def test_what_this_cpu_machine_cannot_run_is_refused_before_starting(overrides, 
 def test_offload_fraction_needs_bf16_parameters():
     with pytest.raises(ConfigError, match="offload_fraction = 0.5 needs actor.dtype=bfloat16"):
         load_config("quickstart", ["actor.optim.offload_fraction=0.5"])
+
+
+def test_naming_another_task_leaves_the_files_task_options_behind(tmp_path):
+    (tmp_path / "recipe.yaml").write_text("task:\n  name: addition\n  options: {digits: 3}\n")
+    assert load_config(str(tmp_path / "recipe.yaml"), []).task.options == {"digits": 3}
+    assert load_config(str(tmp_path / "recipe.yaml"), ["task.name=addition"]).task.options == {"digits": 3}
+    cfg = load_config(str(tmp_path / "recipe.yaml"), ["task.name=dataset", "task.options.train_files=[a.parquet]"])
+    assert cfg.task.options == {"train_files": ["a.parquet"]}

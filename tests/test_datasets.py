@@ -45,6 +45,7 @@ def test_jsonl_and_json_with_a_column_mapping_and_plain_prompts(tmp_path):
     ("broken.parquet", "not parquet", "cannot be read as parquet: ArrowInvalid"),
     ("broken.jsonl", "{not json\n", "cannot be read as jsonl: JSONDecodeError"),
     ("object.json", '{"prompt": "x"}', "holds one array of objects"),
+    ("empty.jsonl", "\n", "has no rows"),
     ("columns.jsonl", '{"question": "1+1=", "reward_model": {"ground_truth": "2"}}\n',
      "has no column 'prompt' for the prompt (task.options.prompt_key); its columns are ['question', 'reward_model']"),
     ("answer.jsonl", '{"prompt": "1+1="}\n', "has no column 'reward_model.ground_truth' for the answer"),

@@ -11,7 +11,8 @@ from rlcore.plugins import load_plugins
 from rlcore.sizing import dry_run
 
 LARGE = [p for p in preset_names() if p.endswith("gpu")]
-PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16}
+PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16,
+                      "qwen3-8b": 8.2}
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,8 @@ def check(registry, preset, *overrides):
 
 
 def test_there_are_presets_for_every_published_recipe():
-    assert len(LARGE) == 12 and {p.rsplit("-", 1)[0] for p in LARGE} == {
-        "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b"}
+    assert len(LARGE) == 13 and {p.rsplit("-", 1)[0] for p in LARGE} == {
+        "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b", "qwen3-8b-gsm8k"}
 
 
 @pytest.mark.parametrize("preset", LARGE)

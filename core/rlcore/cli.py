@@ -1,4 +1,4 @@
-"""`rlcore run`, `rlcore plugins`. User mistakes print one line and exit 2; nothing else changes."""
+"""`rlcore run`, `rlcore plugins`, `rlcore dataset`. User mistakes print one line and exit 2; nothing else changes."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +82,31 @@ def cmd_plugins(args) -> int:
     return 0
 
 
+def cmd_dataset(args) -> int:
+    from rlcore.datasets import export
+
+    if args.kind == "gsm8k":
+        path = export.write_parquet(export.gsm8k_rows(args.source, args.split), args.out)
+        print(f"wrote {path}")
+        return 0
+    from omegaconf import OmegaConf
+
+    from rlcore.errors import ConfigError
+    from rlcore.plugins import load_plugins, parse_selection
+
+    try:
+        options = OmegaConf.to_container(OmegaConf.from_dotlist(args.options))
+    except Exception as e:
+        raise ConfigError(f"task options {args.options}: give key=value pairs ({e})") from e
+    task = load_plugins(parse_selection(args.plugins)).registry.get("tasks", args.source).build(options, args.seed)
+    source = f"rlcore/{args.source}"
+    for name, rows in (("train", export.task_rows(task, source, args.train_size)),
+                       ("val", export.task_rows(task, source, 0, held_out=True))):
+        if rows:
+            print(f"wrote {export.write_parquet(rows, os.path.join(args.out, f'{name}.parquet'))} ({len(rows)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_third_party()
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs: a core plus plugins.")
@@ -97,7 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     plug.add_argument("--plugins", help="only these entry points")
     plug.add_argument("--json", action="store_true")
     plug.set_defaults(func=cmd_plugins)
-    args = parser.parse_args(argv)
+    data = sub.add_parser("dataset", help="write prompt files in verl's Parquet schema: rlcore dataset gsm8k "
+                          "train.jsonl train.parquet | rlcore dataset task addition out_dir [key=value ...]")
+    data.add_argument("kind", choices=["gsm8k", "task"], help="gsm8k: GSM8K's public JSONL; task: a registered "
+                      "task's prompts (train.parquet and val.parquet)")
+    data.add_argument("source", help="the GSM8K .jsonl file, or the task's name")
+    data.add_argument("out", help="the .parquet file (gsm8k) or directory (task) to write")
+    data.add_argument("options", nargs="*", help="task: its options as key=value")
+    data.add_argument("--split", default="train", help="gsm8k: the split named in extra_info (train or test)")
+    data.add_argument("--train-size", type=int, default=5000, help="task: training prompts to write")
+    data.add_argument("--seed", type=int, default=0, help="task: the seed its prompts are drawn with")
+    data.add_argument("--plugins", help="task: the entry points to load it from (default: every installed one)")
+    data.set_defaults(func=cmd_dataset)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):
+        args.options += extra                      # task options given after the flags
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     from rlcore.errors import RlcoreError

@@ -188,6 +188,8 @@ class Trainer:
             with timer("train"):
                 metrics.update(self.update(self.workers, cfg.actor, batch, self.on_policy))
         metrics.update({
+            "prompt/length_mean": sum(map(len, samples.prompts)) / len(samples),
+            "prompt/length_max": float(max(map(len, samples.prompts))),
             "response/length_mean": float(batch["response_len"].float().mean()),
             "response/length_max": float(batch["response_len"].max()),
             "response/truncated_frac": sum(f == "length" for f in samples.finish) / len(samples),

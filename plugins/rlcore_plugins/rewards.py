@@ -46,7 +46,7 @@ def math(responses: list[str], metadata: list[dict]) -> list[float]:
 
 
 # the data sources verl's datasets name, scored by these rewards unless the run maps them otherwise
-SPECS = [RewardSpec("exact_match", exact_match),
+SPECS = [RewardSpec("exact_match", exact_match, data_sources=("rlcore/addition",)),   # `rlcore dataset task addition`
          RewardSpec("gsm8k", gsm8k, data_sources=("openai/gsm8k",)),
          RewardSpec("math", math, data_sources=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                                                 "HuggingFaceH4/MATH-500"))]

@@ -65,13 +65,23 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.steps=5)")
     try:
-        cfg = OmegaConf.merge(schema, _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(list(overrides)))
+        base, given = _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(list(overrides))
+        _drop_options_of_another_task(base, given)
+        cfg = OmegaConf.merge(schema, base, given)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
         raise _explain(e, schema) from e
     assert isinstance(obj, Config)
     check_values(obj)
     return obj
+
+
+def _drop_options_of_another_task(base: DictConfig, given: DictConfig) -> None:
+    """Task options belong to their task: when the command line names another task than the file does, the file's
+    ``task.options`` are left behind (``rlcore run my.yaml task.name=dataset task.options.train_files=[...]``)."""
+    named = OmegaConf.select(given, "task.name")
+    if named is not None and named != OmegaConf.select(base, "task.name") and OmegaConf.select(base, "task.options"):
+        base.task.options = {}
 
 
 _RULES = [  # (key, predicate, what is allowed)

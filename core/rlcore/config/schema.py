@@ -25,7 +25,7 @@ class TinyModelConfig:
     num_kv_heads: int = 2
     head_dim: int = 32            # vLLM's CPU attention needs 32, 64, 80, 96, 112, 128, 160, 192, 224 or 256
     ffn_hidden_size: int = 512
-    max_position_embeddings: int = 64
+    max_position_embeddings: int = 512
 
 
 @dataclass

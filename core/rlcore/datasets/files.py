@@ -59,10 +59,12 @@ def _read_file(path: str, columns: Columns, default_source: str) -> list[PromptR
         rows = _rows(path, suffix)
     except Exception as e:
         raise ConfigError(f"prompt file {path!r} cannot be read as {suffix[1:]}: {type(e).__name__}: {e}") from e
+    if not rows:
+        raise ConfigError(f"prompt file {path!r} has no rows")
     print(f"rlcore: read {len(rows)} rows from {path} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
     present = sorted({key for row in rows[:1] for key in row})
     for role, name in (("prompt", columns.prompt), ("answer", columns.answer)):
-        if rows and _lookup(rows[0], name) is _MISSING:
+        if _lookup(rows[0], name) is _MISSING:
             raise ConfigError(f"prompt file {path!r} has no column {name!r} for the {role} "
                               f"(task.options.{role}_key); its columns are {present}")
     return [_record(row, columns, default_source, f"{path}:{i}") for i, row in enumerate(rows)]
