@@ -18,7 +18,7 @@ _GSM8K_SOLUTION = re.compile(r"####\s*(-?[0-9.,]+)\s*$")
 
 def gsm8k_rows(jsonl_path: str, split: str) -> list[dict]:
     """GSM8K's ``{"question", "answer"}`` lines (the answer's last line is ``#### <number>``) as verl rows."""
-    rows = []
+    rows: list[dict] = []
     try:
         with open(os.path.expanduser(jsonl_path), encoding="utf-8") as f:
             lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
