@@ -52,7 +52,7 @@ def main() -> int:
         trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
         try:
             trainer.setup()
-            trainer.evaluate()  # the engine's first generate pays one-off warm-up costs
+            trainer.evaluate(0)  # the engine's first generate pays one-off warm-up costs
             rows = []
             for step in range(1, args.steps + args.warmup + 1):
                 start = time.perf_counter()

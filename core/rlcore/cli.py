@@ -30,9 +30,18 @@ def cmd_run(args) -> int:
         print(help_text())
         return 0
     from rlcore.config import load_config
+    from rlcore.errors import ConfigError
     from rlcore.plugins import load_plugins, parse_selection
 
     source, overrides = _split_args(args.args)
+    if args.resume:                                # the run's own config, then any overrides
+        if source is not None:
+            raise ConfigError(f"--resume {args.resume} continues that run with its own config: give key=value "
+                              f"overrides only, not {source!r}")
+        source = os.path.join(args.resume, "config.yaml")
+        if not os.path.isfile(source):
+            raise ConfigError(f"--resume {args.resume!r}: not a run directory (no config.yaml)")
+        overrides = [*overrides, f"run.dir={args.resume}", "trainer.resume=latest"]
     cfg = load_config(source, overrides)           # config errors surface before anything starts
     plugins = load_plugins(parse_selection(args.plugins))
     if args.dry_run:
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--help-config", action="store_true", help="print every config key with its default")
     run.add_argument("--dry-run", action="store_true", help="check the parallel layout against the model and "
                      "estimate memory per device and per node; starts nothing, needs no device")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint, with "
+                     "its config (key=value overrides still apply)")
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
     plug = sub.add_parser("plugins", help="list installed plugins and what each registers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.config import Config, bind_plugin_section, check_runnable_here, to_dict
+from rlcore import checkpoint
+from rlcore.checkpoint import Checkpointer, resolve_resume
+from rlcore.config import Config, bind_plugin_section, check_runnable_here, save_config, to_dict
 from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
@@ -72,8 +75,11 @@ class Trainer:
         cfg = self.cfg
         self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
         os.makedirs(self.run_dir, exist_ok=True)
+        self.resume_from = resolve_resume(self.run_dir, cfg.trainer.resume)   # refused here, before workers start
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
             json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
+        save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
+        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints)
         self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
         hf_config = read_hf_config(self.model_path)
         try:
@@ -127,15 +133,16 @@ class Trainer:
         return scores
 
     # --- evaluation ----------------------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Held-out scores, ``trainer.eval_n`` responses per prompt (``rlcore.validation``); empty when the task has
-        no held-out prompts."""
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out scores after ``step``, ``trainer.eval_n`` responses per prompt (``rlcore.validation``); empty
+        when the task has no held-out prompts."""
         prompts, cfg = self.task.eval_prompts(), self.cfg.trainer
         if not prompts:
             return {}
         self.workers.rollout_mode()
         groups = self.workers.generate([self.encode(p) for p, _ in prompts], n=cfg.eval_n,
-                                       temperature=cfg.eval_temperature, max_tokens=self.cfg.rollout.max_response_len)
+                                       temperature=cfg.eval_temperature, max_tokens=self.cfg.rollout.max_response_len,
+                                       seeds=prompt_seeds(len(prompts), self.cfg.run.seed, "eval", step))
         scores = self.score([self.decode(g.token_ids) for group in groups for g in group],
                             [m for _, m in prompts for _ in range(cfg.eval_n)])
         return eval_metrics(scores.total.view(len(prompts), cfg.eval_n),
@@ -208,7 +215,8 @@ class Trainer:
         while rounds < cfg.rollout.max_sampling_rounds and sum(k.groups for k in kept) < wanted:
             prompts = self.task.train_prompts(step, wanted * (rounds + 1))[wanted * rounds:]
             rounds += 1
-            part = self.rollout_part([self.encode(p) for p, _ in prompts], [m for _, m in prompts], timer)
+            part = self.rollout_part([self.encode(p) for p, _ in prompts], [m for _, m in prompts], timer,
+                                     prompt_seeds(len(prompts), cfg.run.seed, "train", step, rounds))
             scored.append(part.scores)
             keep = [g for g in range(part.groups)
                     if self.algorithm.keep_group(part.rewards[part.group_ids == g], self.algo_cfg)]
@@ -219,12 +227,13 @@ class Trainer:
                         "sampling/groups_kept": float(samples.groups)})
         return samples, Scores.cat(scored)
 
-    def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict], timer: Timer) -> "Samples":
-        """``rollout.n`` scored responses to each prompt."""
+    def rollout_part(self, prompt_ids: list[list[int]], meta: list[dict], timer: Timer,
+                     seeds: list[int]) -> "Samples":
+        """``rollout.n`` scored responses to each prompt (sampled with its seed)."""
         cfg = self.cfg
         with timer("rollout"):
             groups = self.workers.generate(prompt_ids, n=cfg.rollout.n, temperature=cfg.rollout.temperature,
-                                           max_tokens=cfg.rollout.max_response_len)
+                                           max_tokens=cfg.rollout.max_response_len, seeds=seeds)
         flat = [(ids, g, meta[i], i) for i, (ids, group) in enumerate(zip(prompt_ids, groups)) for g in group]
         responses, flat_meta = [f[1].token_ids for f in flat], [f[2] for f in flat]
         group_ids = torch.tensor([f[3] for f in flat], dtype=torch.long)
@@ -263,21 +272,29 @@ class Trainer:
         summary = {"run_dir": self.run_dir, "model_path": self.model_path,
                    "parameters": self.workers.call("num_parameters")[0],
                    "worker_nodes": [c.node for c in self.workers.coords]}
-        eval_before = self.evaluate()
+        if self.resume_from:
+            done, eval_before = self.restore(self.resume_from)
+            history = checkpoint.logged_history(self.run_dir, done)
+        else:
+            done, eval_before, history = 0, self.evaluate(0), []
         summary["eval_accuracy_before"] = eval_before.get("eval/accuracy", float("nan"))
-        history = []
-        bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress)
+        bar = ProgressBar(cfg.trainer.steps, summary["eval_accuracy_before"], enabled=cfg.run.progress, done=done)
+        saved_in = None       # seconds the checkpoint after the previous step took
         try:
-            for step in range(1, cfg.trainer.steps + 1):
+            for step in range(done + 1, cfg.trainer.steps + 1):
                 self.plugins.hook.rlcore_step_begin(step=step)
                 start = time.perf_counter()
                 metrics = self.step(step)
                 metrics["time/step"] = time.perf_counter() - start
+                if saved_in is not None:
+                    metrics["time/save"], saved_in = saved_in, None
                 if step == cfg.trainer.steps or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
-                    metrics.update(self.evaluate())
+                    metrics.update(self.evaluate(step))
                 history.append({"step": step, **metrics})
                 for lg in self.loggers:
                     lg.log(step, metrics)
+                if self.checkpointer.due(step):       # after the step's metrics are logged: a resume follows on
+                    saved_in = self.save_checkpoint(step, eval_before)
                 self.plugins.hook.rlcore_step_end(step=step, metrics=metrics)
                 bar.update(metrics)
         finally:
@@ -292,6 +309,27 @@ class Trainer:
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+    def trained_groups(self) -> dict[str, "WorkerGroup"]:
+        return {"actor": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
+
+    def save_checkpoint(self, step: int, eval_before: dict) -> float:
+        """The run's state after ``step`` (``rlcore.checkpoint``); returns the seconds it took."""
+        self.workers.train_mode()
+        state = {"task": self.task.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
+                 "eval_before": eval_before, "config": to_dict(self.cfg), "plugins": self.plugins.describe()}
+        return self.checkpointer.save(step, self.trained_groups(), state)
+
+    def restore(self, path: str) -> tuple[int, dict]:
+        """Continue from checkpoint ``path``: the models, optimizers and generators, the task's sampler and the
+        algorithm's state. Returns the step it was saved after and the evaluation before step 1."""
+        log.warning("resuming from %s", path)
+        self.workers.train_mode()
+        state = checkpoint.load(path, self.trained_groups())
+        self.task.load_state_dict(state["task"])
+        self.algorithm.load_state(self.algo_cfg, state["algorithm"])
+        return state["step"], state["eval_before"]
 
     def export_hf(self, directory: str) -> str:
         """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
@@ -357,6 +395,13 @@ class Samples:
         batch["response_mask"][self.scores.failed] = 0          # failed samples train nothing
         batch["rewards"], batch["group_ids"] = self.rewards, self.group_ids
         return batch
+
+
+def prompt_seeds(count: int, run_seed: int, *where) -> list[int]:
+    """One rollout seed for each of ``count`` prompts, fixed by the run's seed and where the prompts are drawn
+    (``"train", step, round`` / ``"eval", step``): a resumed run samples exactly what the uninterrupted one did."""
+    key = "/".join(map(str, (run_seed, *where)))
+    return [random.Random(f"{key}/{i}").getrandbits(31) for i in range(count)]
 
 
 def reward_metrics(scores: Scores) -> dict[str, float]:

@@ -9,8 +9,8 @@ PHASES = ("rollout", "sync", "logprobs", "train")
 
 
 class ProgressBar:
-    def __init__(self, total: int, eval_accuracy: float, enabled: bool = True):
-        self.bar = tqdm(total=total, desc="rl", unit="step", disable=not enabled, dynamic_ncols=True)
+    def __init__(self, total: int, eval_accuracy: float, enabled: bool = True, done: int = 0):
+        self.bar = tqdm(total=total, initial=done, desc="rl", unit="step", disable=not enabled, dynamic_ncols=True)
         self.eval_accuracy = eval_accuracy   # the latest held-out accuracy, shown until the next evaluation
 
     def update(self, m: dict[str, float]) -> None:

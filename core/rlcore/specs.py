@@ -45,6 +45,8 @@ class Algorithm:
     value_loss(values, old_values, returns, mask, cfg) -> (per-token loss [N,S], metrics)
     keep_group(rewards of one prompt's samples [n], cfg) -> False drops the group and samples other prompts in its
         place (dynamic sampling; counted in the metrics). The default keeps every group.
+    state(cfg) -> JSON-able state the algorithm keeps across steps (an adaptive KL coefficient), saved with
+        checkpoints; load_state(cfg, state) restores it on resume. The defaults keep none.
     """
     name: str
     config_cls: type
@@ -56,6 +58,8 @@ class Algorithm:
     needs_critic: Callable[[Any], bool] = lambda cfg: False
     value_loss: Callable[..., tuple[torch.Tensor, dict]] | None = None
     keep_group: Callable[[torch.Tensor, Any], bool] = lambda rewards, cfg: True
+    state: Callable[[Any], dict] = lambda cfg: {}
+    load_state: Callable[[Any, dict], None] = lambda cfg, state: None
 
 
 @dataclass
@@ -76,8 +80,10 @@ class RolloutBackend(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seed: int | None = None) -> list[list[Generation]]:
-        """Sample ``n`` responses per prompt. Returns one list of ``n`` generations per prompt."""
+                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
+        """Sample ``n`` responses per prompt. Returns one list of ``n`` generations per prompt. ``seeds`` (one per
+        prompt): a prompt's responses depend only on its seed and the weights, not on the other prompts of the call
+        (so that a resumed run, or another split of prompts over engine replicas, samples the same)."""
 
     @abc.abstractmethod
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:

@@ -1,6 +1,7 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE, DeepSeek-V3's multi-latent attention; over 2 processes: MoE with expert parallelism, context
-parallelism, TP with sequence parallelism); with all of them, every case trains. Each case runs
+it (dense, MoE, DeepSeek-V3's multi-latent attention, a checkpoint saved and loaded into a fresh optimizer; over 2
+processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all of them, every
+case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
 import os
 import subprocess
@@ -35,10 +36,20 @@ SCRIPT = textwrap.dedent("""
     actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0])
     # responses long enough that every context-parallel rank holds some of their tokens
     batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5, 6, 7, 8, 9]] * 4, pad_id=0))
-    losses = [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 24.0, 4),
-                                                      {"loss": float(-(lp * mb["response_mask"]).sum())}))["loss"]
-              for _ in range(3)]
+    def train(actor, steps):
+        return [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 24.0, 4),
+                                                        {"loss": float(-(lp * mb["response_mask"]).sum())}))["loss"]
+                for _ in range(steps)]
+    losses = train(actor, 3)
     assert losses[-1] < losses[0], losses
+    if case == "checkpoint":   # saved, then loaded into a fresh actor: the next updates are the same, bit for bit
+        from rlcore.megatron.checkpoint import load_model, save_model
+        save_model(actor, sys.argv[0] + ".ckpt")
+        expected = train(actor, 3)
+        fresh = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0], seed=1)
+        load_model(fresh, sys.argv[0] + ".ckpt")
+        resumed = train(fresh, 3)
+        assert resumed == expected, (resumed, expected)
     print("TRAINED", losses)
 """)
 
@@ -46,6 +57,10 @@ CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
 CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
 CASES[compat.multi_latent_attention_without_transformer_engine.__name__] = "mla"
+for fix in (compat.synchronous_checkpoint_writes_without_a_manager_process,
+            compat.optimizer_state_dict_before_the_first_step, compat.adam_step_not_copied_from_loaded_state,
+            compat.adam_step_tensor_per_parameter_after_load):
+    CASES[fix.__name__] = "checkpoint"
 MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 
 
@@ -59,7 +74,7 @@ def run(tmp_path, case, *skip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla"])
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint"])
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]

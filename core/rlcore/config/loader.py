@@ -119,6 +119,8 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.eval_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.check_logprobs_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.eval_n", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.save_every", lambda v: v >= 0, "an integer >= 0"),
+    ("trainer.keep_checkpoints", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
     ("warm_start.steps", lambda v: v >= 0, "an integer >= 0"),
 ]
@@ -214,6 +216,11 @@ def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:
 
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str) -> None:
+    """The resolved config as YAML, loadable by ``load_config(path)`` (a resume starts from it)."""
+    OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
 
 
 def help_text() -> str:

@@ -153,6 +153,10 @@ class TrainerConfig:
     check_logprobs_every: int = 0  # debug: after a weight sync, compare engine and actor logprobs every N steps
     logprob_tolerance: float = 1e-3
     loggers: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    save_every: int = 0           # write a checkpoint every N steps into <run dir>/checkpoints (0 = never)
+    keep_checkpoints: int = 2     # the newest N are kept
+    resume: str = ""              # auto: continue from the run dir's newest complete checkpoint, if any; latest: it
+                                  # must exist; or a checkpoint directory. `rlcore run --resume <run dir>` sets it
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
 
 

@@ -8,9 +8,16 @@ from rlcore.megatron.attention import have_transformer_engine
 
 def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
+    synchronous_checkpoint_writes_without_a_manager_process()
     if not have_transformer_engine():
         sequence_parallel_torch_norms()
         multi_latent_attention_without_transformer_engine()
+    from megatron.core.optimizer import distrib_optimizer
+
+    if not distrib_optimizer.HAVE_APEX_OR_TE:       # the distributed optimizer wraps torch.optim.Adam
+        optimizer_state_dict_before_the_first_step()
+        adam_step_not_copied_from_loaded_state()
+        adam_step_tensor_per_parameter_after_load()
 
 
 def define_te_general_gemm_without_transformer_engine() -> None:
@@ -56,3 +63,101 @@ def multi_latent_attention_without_transformer_engine() -> None:
     from megatron.core.transformer import multi_latent_attention
 
     multi_latent_attention.HAVE_TE = False
+
+
+def synchronous_checkpoint_writes_without_a_manager_process() -> None:
+    """The first checkpoint save starts a ``multiprocessing`` Manager through the *spawn* context to carry write
+    results back from an asynchronous writer process; spawn re-imports ``__main__``, so a save from any script
+    without an ``if __name__ == "__main__"`` guard (a user's, a Ray worker's) dies with EOFError, and the Manager
+    costs seconds. rlcore saves synchronously: the results never leave the process, so an in-process queue does."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async._get_write_results_queue, "_rlcore", False):
+        return
+    results: queue.Queue = queue.Queue()
+
+    def in_process_queue():
+        return results
+
+    in_process_queue._rlcore = True  # type: ignore[attr-defined]
+    filesystem_async._get_write_results_queue = in_process_queue
+
+
+# --- the distributed optimizer over torch.optim.Adam (no TransformerEngine / Apex): checkpoint save and load --------
+# A bit-exact resume test (tests/test_checkpoint.py) catches each of these; a "loss looks fine" test does not.
+
+def optimizer_state_dict_before_the_first_step() -> None:
+    """``DistributedOptimizer.state_dict()`` reads the step from the per-parameter Adam states (``assert len(steps)
+    == 1``), which a never-stepped optimizer does not have: loading a checkpoint into a fresh optimizer (a resume)
+    asserts. Report step 0 there, as the TE/Apex path does; the load then restores the checkpoint's step."""
+    from megatron.core.optimizer import distrib_optimizer as D
+
+    original = D.DistributedOptimizer.state_dict
+    if getattr(original, "_rlcore", False):
+        return
+
+    def state_dict(self):
+        if len(self.optimizer.state) > 0:
+            return original(self)
+        inner = self.optimizer.state_dict()
+        result = {"optimizer": {k: v for k, v in inner.items() if k != "state"}}
+        for group in result["optimizer"]["param_groups"]:
+            del group["params"]
+            group["step"] = 0
+        if self.grad_scaler:
+            result["grad_scaler"] = self.grad_scaler.state_dict()
+        return result
+
+    state_dict._rlcore = True  # type: ignore[attr-defined]
+    D.DistributedOptimizer.state_dict = state_dict
+
+
+def adam_step_not_copied_from_loaded_state() -> None:
+    """Loading copies every key of each parameter's optimizer state from the checkpoint's tensors; torch's Adam keeps
+    a per-parameter ``step`` that the loaded tensors lack (``fully_reshardable``: KeyError 'step'). The step is
+    restored from the param groups instead; copy the tensors given, never ``step``."""
+    from megatron.core.optimizer import distrib_optimizer as D
+
+    original = D.DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_rlcore", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        states = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, value in tensors.items():
+            if key in states and key != "step":
+                states[key].copy_(value)
+
+    set_states._rlcore = True  # type: ignore[attr-defined]
+    D.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+
+def adam_step_tensor_per_parameter_after_load() -> None:
+    """``DistributedOptimizer.load_state_dict`` gives every parameter's state the same ``step`` tensor; torch's Adam
+    increments it in place once per parameter, so after a resume the step races ahead (2 -> 40 in two updates) and
+    the bias correction, hence every update, is wrong. Give each state its own step tensor."""
+    import torch
+    from megatron.core.optimizer import distrib_optimizer as D
+
+    original = D.DistributedOptimizer.load_state_dict
+    if getattr(original, "_rlcore", False):
+        return
+
+    def load_state_dict(self, state_dict):
+        original(self, state_dict)
+        seen: set[int] = set()
+        for state in self.optimizer.state.values():
+            step = state.get("step")
+            if torch.is_tensor(step):
+                if id(step) in seen:
+                    state["step"] = step = step.clone()
+                seen.add(id(step))
+
+    load_state_dict._rlcore = True  # type: ignore[attr-defined]
+    D.DistributedOptimizer.load_state_dict = load_state_dict

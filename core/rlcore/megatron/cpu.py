@@ -240,3 +240,16 @@ def rope_context_parallel_index_on_cpu():
 
     for module in (rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding):
         module.get_pos_emb_on_this_cp_rank = get_pos_emb_on_this_cp_rank
+
+
+@_shim("checkpoint")
+def checkpoint_writer_without_cuda_sync():
+    """Distributed checkpointing's file writer (the synchronous save runs the async request inline) calls
+    ``torch.cuda.synchronize()`` before copying tensors out."""
+    _cpu_torch_in("megatron.core.dist_checkpointing.strategies.filesystem_async")
+
+
+@_shim("checkpoint")
+def checkpoint_saver_flags_on_cpu():
+    """The save's cached-plan check and node-failure check all-reduce flags built with ``device='cuda'``."""
+    _cpu_torch_in("megatron.core.dist_checkpointing.strategies.state_dict_saver")

@@ -25,6 +25,7 @@ class CriticWorker(Worker):
         self.critic = MegatronCritic(reg.get("models", cfg.model.family), read_hf_config(path), cfg.critic,
                                      reg.get("optimizers", cfg.critic.optim.name), hf_state=read_hf_weights(path),
                                      seed=cfg.run.seed, total_updates=total_updates(cfg.trainer.steps, cfg.critic))
+        self.trainable = self.critic
         self.offloaded = [what for what in OFFLOAD_ORDER if getattr(cfg.critic.offload, what)]
         self.coords = parallel_coords(rank)
 
@@ -40,6 +41,16 @@ class CriticWorker(Worker):
         """Move what ``critic.offload`` names to host memory while the actor and the engine run."""
         for what in self.offloaded:
             self.critic.offload(what)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.wake()
+        super().save_checkpoint(directory)
+        self.sleep()
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.wake()
+        super().load_checkpoint(directory)
+        self.sleep()
 
     def values(self, share: Batch) -> torch.Tensor:
         return self.critic.values(share)

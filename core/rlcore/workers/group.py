@@ -94,10 +94,14 @@ class WorkerGroup:
         return [by_dp[i] for i in range(self.dp_size)]
 
     # --- what the controller uses ----------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int) -> list:
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int,
+                 seeds: list[int] | None = None) -> list:
+        """``seeds``: one per prompt (see ``RolloutBackend.generate``); each replica gets its prompts' seeds."""
         parts = _shares(len(prompts), self.replicas)
-        results = self.call("generate", per_rank=[([prompts[i] for i in parts[c.rollout_replica]], n, temperature,
-                                                   max_tokens) for c in self.coords])
+        pick = lambda items, part: None if items is None else [items[i] for i in part]  # noqa: E731
+        results = self.call("generate", per_rank=[(pick(prompts, parts[c.rollout_replica]), n, temperature,
+                                                   max_tokens, pick(seeds, parts[c.rollout_replica]))
+                                                  for c in self.coords])
         by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
         return [g for i in range(self.replicas) for g in by_replica[i]]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,6 +14,9 @@ from rlcore.engine.hybrid import HybridEngine
 from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.losses import aggregate, masked_mean
 from rlcore.lr_schedule import total_updates
+
+if TYPE_CHECKING:
+    from rlcore.megatron.trainable import MegatronTrainable
 
 
 def _node() -> str:
@@ -59,7 +63,9 @@ def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coor
 
 
 class Worker:
-    """What every worker does first: join its group's world, load the plugins, bind the algorithm's options."""
+    """What every worker does first: join its group's world, load the plugins, bind the algorithm's options. Its
+    subclass sets ``trainable``, the Megatron model it trains (the actor, the critic)."""
+    trainable: "MegatronTrainable"
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, rank: int, world_size: int,
                  master: tuple[str, int] | None):
@@ -70,6 +76,26 @@ class Worker:
         self.registry = load_plugins(plugin_names).registry
         self.algorithm = self.registry.get("algorithms", cfg.algorithm["name"])
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Collective: the model's and optimizer's shards (``directory``/model), and per rank its update count and
+        random generators (``directory``/rank<r>.json)."""
+        from rlcore.megatron.checkpoint import rng_state, save_model, write_json
+
+        save_model(self.trainable, os.path.join(directory, "model"))
+        write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
+                   {"updates": self.trainable.updates, "rng": rng_state()})
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Collective: what ``save_checkpoint`` wrote, at this group's layout (a rank the saved layout did not have
+        takes rank 0's generators)."""
+        from rlcore.megatron.checkpoint import load_model, read_json, set_rng_state
+
+        load_model(self.trainable, os.path.join(directory, "model"))
+        mine = os.path.join(directory, f"rank{torch.distributed.get_rank()}.json")
+        state = read_json(mine if os.path.exists(mine) else os.path.join(directory, "rank0.json"))
+        self.trainable.updates = state["updates"]
+        set_rng_state(state["rng"])
 
 
 class ActorRolloutWorker(Worker):
@@ -86,7 +112,8 @@ class ActorRolloutWorker(Worker):
                                    seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)),
                                    sync_transport=cfg.rollout.sync_transport,
                                    total_updates=total_updates(cfg.trainer.steps, cfg.actor))
-        if self.algorithm.needs_reference(self.algo_cfg):
+        self.trainable = self.actor
+        if self.algorithm.needs_reference(self.algo_cfg):    # the starting weights, also when a run resumes
             self.actor.freeze_reference()
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
             model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
@@ -107,8 +134,9 @@ class ActorRolloutWorker(Worker):
     def sync_weights(self):
         return self.engine.sync_weights()
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int):
-        return self.rollout.generate(prompts, n=n, temperature=temperature, max_tokens=max_tokens)
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int,
+                 seeds: list[int] | None = None):
+        return self.rollout.generate(prompts, n=n, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
 
     def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
         return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
@@ -139,6 +167,10 @@ class ActorRolloutWorker(Worker):
         metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
         self.engine.mark_updated()
         return metrics
+
+    def load_checkpoint(self, directory: str) -> None:
+        super().load_checkpoint(directory)
+        self.engine.mark_updated()          # the engine still holds the starting weights: push before generating
 
     def fingerprint(self) -> dict:
         """Sums of this rank's parameters, split into MoE experts, TP-sharded and replicated ones: data-parallel

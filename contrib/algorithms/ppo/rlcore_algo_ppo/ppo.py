@@ -67,6 +67,15 @@ def kl_controller(cfg: PPOConfig) -> AdaptiveKL:
     return cfg.__dict__.setdefault("_kl_controller", AdaptiveKL(cfg))
 
 
+def kl_state(cfg: PPOConfig) -> dict:
+    """The adaptive KL coefficient, for checkpoints."""
+    return {"kl_coef": kl_controller(cfg).coef}
+
+
+def load_kl_state(cfg: PPOConfig, state: dict) -> None:
+    kl_controller(cfg).coef = state["kl_coef"]
+
+
 def last_token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[N] scores -> [N, S] per-token rewards: the score on each response's last token, 0 elsewhere (and nothing
     for a fully masked row)."""

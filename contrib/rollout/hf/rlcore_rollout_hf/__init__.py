@@ -47,21 +47,28 @@ class HFRollout(RolloutBackend):
         return logits.float()
 
     def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seed: int | None = None) -> list[list[Generation]]:
+                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
         """Sample (or, at temperature 0, pick greedily) up to ``max_tokens`` tokens per row; the logprobs are the
         sampling policy's (after temperature), as vLLM's processed logprobs are."""
         rows = [list(p) for p in prompts for _ in range(n)]
         tokens: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         live = list(range(len(rows)))
-        generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self.generator
+        # one generator per prompt when seeded (its n rows draw from it in turn), else the engine's own
+        generators = ([torch.Generator(device=self.device).manual_seed(s) for s in seeds] if seeds is not None
+                      else None)
         for _ in range(max_tokens):
             if not live:
                 break
             last = self._forward([rows[i] + tokens[i] for i in live])[:, -1]
             logp = torch.log_softmax(last / temperature if temperature > 0 else last, -1)
-            picked = (torch.multinomial(logp.exp(), 1, generator=generator)[:, 0] if temperature > 0
-                      else logp.argmax(-1))
+            if temperature == 0:
+                picked = logp.argmax(-1)
+            elif generators is None:
+                picked = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
+            else:
+                picked = torch.cat([torch.multinomial(logp[j].exp(), 1, generator=generators[row // n])
+                                    for j, row in enumerate(live)])
             still = []
             for row, token, lp in zip(live, picked.tolist(), logp.gather(-1, picked[:, None])[:, 0].tolist()):
                 tokens[row].append(token)

@@ -41,12 +41,15 @@ class VLLMRollout(RolloutBackend):
         return self.llm.llm_engine.model_executor.driver_worker.worker
 
     def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seed: int | None = None) -> list[list[Generation]]:
+                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
-                                detokenize=False)
-        outputs = self.llm.generate(_token_prompts(prompts), params, use_tqdm=False)
+        def params(seed: int | None) -> SamplingParams:
+            return SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
+                                  detokenize=False)
+
+        per_prompt = [params(s) for s in seeds] if seeds is not None else params(None)
+        outputs = self.llm.generate(_token_prompts(prompts), per_prompt, use_tqdm=False)
         return [[Generation(list(c.token_ids), _token_logprobs(c.logprobs, c.token_ids), c.finish_reason or "")
                  for c in o.outputs] for o in outputs]
 

@@ -1,0 +1,117 @@
+"""Run checkpoints: ``<run dir>/checkpoints/step_<N>/`` holds each trained model's sharded state (``actor/``,
+``critic/``: megatron-core distributed checkpointing, reshardable on load, plus per-rank generators) and the
+controller's state (``rlcore_checkpoint.json``: step, task sampler, algorithm state, the config and plugin set).
+
+A checkpoint is written under ``.partial-step_<N>`` and renamed into place once complete, so a run killed mid-save
+leaves the previous checkpoint as the newest complete one; only directories named ``step_<N>`` with the state file
+count. No checkpoint file holds pickled code: tensors go through torch_dist, everything else is JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+from rlcore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlcore.workers.group import WorkerGroup
+
+STATE = "rlcore_checkpoint.json"
+_COMPLETE = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_root(run_dir: str) -> str:
+    return os.path.join(run_dir, "checkpoints")
+
+
+def complete_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint of the run, oldest first."""
+    root = checkpoint_root(run_dir)
+    found = []
+    for name in os.listdir(root) if os.path.isdir(root) else []:
+        match = _COMPLETE.match(name)
+        if match and os.path.isfile(os.path.join(root, name, STATE)):
+            found.append((int(match[1]), os.path.join(root, name)))
+    return sorted(found)
+
+
+def resolve_resume(run_dir: str, resume: str) -> str | None:
+    """The checkpoint ``trainer.resume`` names: "" (start fresh: refused if the run already has checkpoints),
+    "auto" (the newest complete one, or a fresh start), "latest" (the newest, which must exist) or a path."""
+    found = complete_checkpoints(run_dir)
+    if resume == "":
+        if found:
+            raise ConfigError(f"run.dir {run_dir!r} already has checkpoints (newest: step {found[-1][0]}): continue "
+                              f"it with `rlcore run --resume {run_dir}` (or trainer.resume=auto), or give another "
+                              f"run.dir")
+        return None
+    if resume == "auto":
+        return found[-1][1] if found else None
+    if resume == "latest":
+        if not found:
+            raise ConfigError(f"trainer.resume=latest: run.dir {run_dir!r} has no complete checkpoint (set "
+                              f"trainer.save_every to write them)")
+        return found[-1][1]
+    if not os.path.isfile(os.path.join(resume, STATE)):
+        raise ConfigError(f"trainer.resume {resume!r} is not a complete checkpoint (no {STATE}): give a "
+                          f"{checkpoint_root('<run dir>')}/step_<N> directory, auto or latest")
+    return resume
+
+
+class Checkpointer:
+    """Saves every ``every`` steps, keeping the newest ``keep``."""
+
+    def __init__(self, run_dir: str, every: int, keep: int):
+        self.run_dir, self.every, self.keep = run_dir, every, keep
+
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
+    def save(self, step: int, groups: dict[str, "WorkerGroup"], state: dict) -> float:
+        """Write the checkpoint after ``step``; returns the seconds it took."""
+        start = time.perf_counter()
+        root = checkpoint_root(self.run_dir)
+        partial, final = os.path.join(root, f".partial-step_{step:08d}"), os.path.join(root, f"step_{step:08d}")
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        for name, group in groups.items():
+            group.call("save_checkpoint", os.path.join(partial, name))
+        with open(os.path.join(partial, STATE), "w") as f:
+            json.dump({"step": step, **state}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.rmtree(final, ignore_errors=True)     # a step saved before, by a run that then died
+        os.rename(partial, final)
+        for _, old in complete_checkpoints(self.run_dir)[:-self.keep]:
+            shutil.rmtree(old)
+        return time.perf_counter() - start
+
+
+def load(path: str, groups: dict[str, "WorkerGroup"]) -> dict:
+    """Load every group's models and optimizers from checkpoint ``path``; returns the controller's state."""
+    with open(os.path.join(path, STATE)) as f:
+        state = json.load(f)
+    for name, group in groups.items():
+        if not os.path.isdir(os.path.join(path, name)):
+            raise ConfigError(f"checkpoint {path!r} has no {name!r} state (it has: "
+                              f"{', '.join(sorted(d for d in os.listdir(path) if not d.endswith('.json')))})")
+        group.call("load_checkpoint", os.path.join(path, name))
+    return state
+
+
+def logged_history(run_dir: str, step: int) -> list[dict]:
+    """The metrics logged up to ``step``; lines of later steps (logged by a run that died before its next
+    checkpoint) are cut from metrics.jsonl, so that the resumed run's lines follow on."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(path, "w") as f:
+        f.writelines(kept)
+    nan = lambda row: {k: float("nan") if v is None else v for k, v in row.items()}  # noqa: E731 (jsonl: null)
+    return [nan(json.loads(line)) for line in kept]

@@ -1,0 +1,97 @@
+"""A trained Megatron model's weights and optimizer state through megatron-core's distributed checkpointing (the
+torch_dist format: each rank writes its shards; a load at another TP/PP/DP layout reshards), and each rank's random
+number generator states as JSON. Nothing here is unpickled on load except megatron-core's own ``common.pt`` metadata,
+read with ``weights_only=True``."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+# the optimizer state in a layout-independent form, so that a resume may change TP/PP/DP ("dp_reshardable" cannot
+# change TP; megatron-core 0.16.1's default "fully_sharded_model_space" fails to save); gathered over gloo-capable
+# collectives ("mem_efficient"), which CPU ranks need
+_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
+
+
+def _sharded_state(trainable, loading: bool) -> dict:
+    from megatron.core import parallel_state as mpu
+
+    metadata = {**_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
+    model = trainable.model.sharded_state_dict(metadata=metadata)
+    return {"model": model,
+            "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
+
+
+def save_model(trainable, directory: str) -> None:
+    """Collective: every rank of the model's world writes its shards into ``directory``."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    if dist.get_rank() == 0:
+        os.makedirs(directory, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(_sharded_state(trainable, loading=False), directory,
+                            sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
+                            validate_access_integrity=True, async_sharded_save=False)
+
+
+def load_model(trainable, directory: str) -> None:
+    """Collective: the weights and optimizer state saved by ``save_model``, at this process group's layout."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+
+    loaded = dist_checkpointing.load(_sharded_state(trainable, loading=True), directory,
+                                     sharded_strategy=get_default_load_sharded_strategy(directory),
+                                     validate_access_integrity=True)
+    trainable.model.load_state_dict(loaded["model"], strict=True)
+    # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
+    with torch.no_grad():
+        trainable.optimizer.load_state_dict(loaded["optimizer"])
+
+
+def _encode(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode()
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def rng_state() -> dict:
+    """This process's generators (torch, Python, NumPy, and Megatron's model-parallel tracker) as JSON-able data."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)   # type: ignore[misc]
+    version, internal, python_gauss = random.getstate()
+    return {"torch": _encode(torch.get_rng_state()),
+            "python": [version, list(internal), python_gauss],
+            "numpy": [kind, np.asarray(keys).tolist(), pos, has_gauss, gauss],
+            "tracker": {name: _encode(state) for name, state in get_cuda_rng_tracker().get_states().items()}}
+
+
+def set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(_decode(state["torch"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, numpy_gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, numpy_gauss))
+    tracker = get_cuda_rng_tracker()
+    tracker.set_states({**tracker.get_states(), **{k: _decode(v) for k, v in state["tracker"].items()}})
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,147 @@
+"""Checkpoints survive kill -9: a run killed at a random step after its first save, then resumed with
+`rlcore run --resume`, logs exactly what the uninterrupted run logged (every metric but timings, bit for bit on CPU);
+a run killed while a checkpoint is being written resumes from the previous one, the partial one ignored."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+STEPS, EVERY = 8, 3          # checkpoints after steps 3 and 6
+
+
+def rlcore_run(run_dir, warm_start_cache, *extra):
+    return [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *extra,
+            *([] if "--resume" in extra else ["quickstart", f"trainer.steps={STEPS}",
+                                              f"trainer.save_every={EVERY}", "trainer.eval_every=4",
+                                              "run.progress=false", f"run.dir={run_dir}",
+                                              f"warm_start.cache_dir={warm_start_cache}"])]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_to_end(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def kill_when(cmd, condition, timeout=300):
+    """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw."""
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                               start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            seen = condition()
+            if seen:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                return seen
+            assert process.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.005)
+        raise AssertionError("the kill condition never held")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def logged(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def without_timings(history):
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, warm_start_cache):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    run_to_end(rlcore_run(run_dir, warm_start_cache))
+    return logged(run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_killed_at_a_random_step_and_resumed_logs_what_the_uninterrupted_run_logged(tmp_path, warm_start_cache,
+                                                                                 uninterrupted):
+    kill_at = random.randint(EVERY + 1, STEPS - 1)
+    run_dir = tmp_path / "run"
+    kill_when(rlcore_run(run_dir, warm_start_cache), lambda: len(logged(run_dir)) >= kill_at)
+    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume", str(run_dir)))
+    assert f"resuming from {run_dir}/checkpoints/step_0000000" in resumed.stderr
+    assert len(uninterrupted) == STEPS
+    assert without_timings(logged(run_dir)) == without_timings(uninterrupted), f"killed after step {kill_at}"
+    assert 7 in [h["step"] for h in logged(run_dir) if "time/save" in h]       # the save after step 6, timed
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, warm_start_cache, uninterrupted):
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    partial = root / f".partial-step_{2 * EVERY:08d}"
+    seen = kill_when(rlcore_run(run_dir, warm_start_cache),
+                     lambda: sorted(os.listdir(root)) if partial.exists() else None)
+    assert seen == [partial.name, f"step_{EVERY:08d}"]          # the kill came mid-save
+    assert not (root / f"step_{2 * EVERY:08d}").exists()
+    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume", str(run_dir)))
+    assert f"resuming from {root}/step_{EVERY:08d}" in resumed.stderr   # not from the partial one
+    assert without_timings(logged(run_dir)) == without_timings(uninterrupted)
+    assert sorted(os.listdir(root)) == [f"step_{EVERY:08d}", f"step_{2 * EVERY:08d}"]
+
+
+def test_which_checkpoint_a_run_resumes_from(tmp_path):
+    from rlcore.checkpoint import STATE, resolve_resume
+    from rlcore.errors import ConfigError
+
+    root = tmp_path / "checkpoints"
+    assert resolve_resume(str(tmp_path), "") is None and resolve_resume(str(tmp_path), "auto") is None
+    with pytest.raises(ConfigError, match="has no complete checkpoint"):
+        resolve_resume(str(tmp_path), "latest")
+    for name, complete in (("step_00000003", True), ("step_00000006", True), ("step_00000009", False),
+                           (".partial-step_00000012", True)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / STATE).write_text("{}")
+    newest = str(root / "step_00000006")      # step 9 has no state file, the partial one is not a checkpoint
+    assert resolve_resume(str(tmp_path), "auto") == newest == resolve_resume(str(tmp_path), "latest")
+    assert resolve_resume(str(tmp_path), str(root / "step_00000003")) == str(root / "step_00000003")
+    with pytest.raises(ConfigError, match="already has checkpoints .newest: step 6.: continue it with `rlcore run "
+                                          "--resume"):
+        resolve_resume(str(tmp_path), "")
+    with pytest.raises(ConfigError, match="is not a complete checkpoint"):
+        resolve_resume(str(tmp_path), str(root / "step_00000009"))
+
+
+def test_generator_states_round_trip_through_json():
+    import numpy as np
+    import torch
+
+    from rlcore.megatron.checkpoint import rng_state, set_rng_state
+    from rlcore.megatron.parallel import init_parallel
+
+    init_parallel()
+    state = json.loads(json.dumps(rng_state()))
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.rand(5), random.random(), np.random.rand()          # the generators move on ...
+    set_rng_state(state)                                       # ... and are put back
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(again[0], expected[0]) and again[1:] == expected[1:]
+
+
+def test_resume_of_a_directory_that_is_not_a_run_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--resume", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"rlcore: error: --resume {str(tmp_path)!r}: not a run "
+                                                      f"directory (no config.yaml)")
