@@ -14,12 +14,20 @@ import pytest
 STEPS, EVERY = 8, 3          # checkpoints after steps 3 and 6
 
 
+CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
+    "grpo": [],
+    "ppo": ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_target=0.01"],
+    "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"],
+}
+
+
 def rlcore_run(run_dir, warm_start_cache, *extra):
-    return [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *extra,
-            *([] if "--resume" in extra else ["quickstart", f"trainer.steps={STEPS}",
-                                              f"trainer.save_every={EVERY}", "trainer.eval_every=4",
-                                              "run.progress=false", f"run.dir={run_dir}",
-                                              f"warm_start.cache_dir={warm_start_cache}"])]
+    """The quickstart for a few steps with checkpoints (``extra``: overrides), or ``--resume`` of ``run_dir``."""
+    command = [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,ppo,vllm"]
+    if extra[:1] == ("--resume",):
+        return command + ["--resume", str(run_dir)]
+    return command + ["quickstart", f"trainer.steps={STEPS}", f"trainer.save_every={EVERY}", "trainer.eval_every=4",
+                      "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -65,22 +73,30 @@ def without_timings(history):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, warm_start_cache):
-    run_dir = tmp_path_factory.mktemp("uninterrupted")
-    run_to_end(rlcore_run(run_dir, warm_start_cache))
-    return logged(run_dir)
+    """The metrics each case logs without interruption (run once per case, on first use)."""
+    runs: dict[str, list] = {}
+
+    def history(case):
+        if case not in runs:
+            run_dir = tmp_path_factory.mktemp(f"uninterrupted-{case}")
+            run_to_end(rlcore_run(run_dir, warm_start_cache, *CASES[case]))
+            runs[case] = logged(run_dir)
+            assert len(runs[case]) == STEPS
+        return runs[case]
+    return history
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_killed_at_a_random_step_and_resumed_logs_what_the_uninterrupted_run_logged(tmp_path, warm_start_cache,
-                                                                                 uninterrupted):
+                                                                                 uninterrupted, case):
     kill_at = random.randint(EVERY + 1, STEPS - 1)
     run_dir = tmp_path / "run"
-    kill_when(rlcore_run(run_dir, warm_start_cache), lambda: len(logged(run_dir)) >= kill_at)
-    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume", str(run_dir)))
+    kill_when(rlcore_run(run_dir, warm_start_cache, *CASES[case]), lambda: len(logged(run_dir)) >= kill_at)
+    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume"))
     assert f"resuming from {run_dir}/checkpoints/step_0000000" in resumed.stderr
-    assert len(uninterrupted) == STEPS
-    assert without_timings(logged(run_dir)) == without_timings(uninterrupted), f"killed after step {kill_at}"
+    assert without_timings(logged(run_dir)) == without_timings(uninterrupted(case)), f"killed after step {kill_at}"
     assert 7 in [h["step"] for h in logged(run_dir) if "time/save" in h]       # the save after step 6, timed
 
 
@@ -94,9 +110,9 @@ def test_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, warm
                      lambda: sorted(os.listdir(root)) if partial.exists() else None)
     assert seen == [partial.name, f"step_{EVERY:08d}"]          # the kill came mid-save
     assert not (root / f"step_{2 * EVERY:08d}").exists()
-    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume", str(run_dir)))
+    resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume"))
     assert f"resuming from {root}/step_{EVERY:08d}" in resumed.stderr   # not from the partial one
-    assert without_timings(logged(run_dir)) == without_timings(uninterrupted)
+    assert without_timings(logged(run_dir)) == without_timings(uninterrupted("grpo"))
     assert sorted(os.listdir(root)) == [f"step_{EVERY:08d}", f"step_{2 * EVERY:08d}"]
 
 

@@ -12,19 +12,20 @@ class ValueHead(torch.nn.Module):
     """hidden [s, b, h] -> values [s, b, 1], in the output layer's place and call signature. The head is the same
     on every TP rank. Under sequence parallelism each rank sees a slice of the sequence: the values are gathered
     (the backward keeps each rank's slice, as every rank computes the same loss) and the head's gradient is summed
-    over TP ranks by Megatron's finalize step (it reduces parameters marked ``sequence_parallel``)."""
+    over TP ranks by Megatron's finalize step (it reduces parameters marked ``sequence_parallel``). Its parameters
+    are named as the output layer's (``output_layer.weight`` / ``.bias``), which Megatron's checkpointing expects."""
 
     def __init__(self, hidden_size: int, sequence_parallel: bool, dtype: torch.dtype):
         super().__init__()
-        self.linear = torch.nn.Linear(hidden_size, 1, dtype=dtype)
-        torch.nn.init.zeros_(self.linear.weight)   # V = 0 to start: no made-up preferences before any return
-        torch.nn.init.zeros_(self.linear.bias)
+        # V = 0 to start: no made-up preferences before any return
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
         self.sequence_parallel = sequence_parallel
-        for p in self.linear.parameters():
+        for p in self.parameters():
             setattr(p, "sequence_parallel", sequence_parallel)
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):
-        values = self.linear(hidden)
+        values = torch.nn.functional.linear(hidden, self.weight, self.bias)
         if self.sequence_parallel:
             from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
