@@ -10,8 +10,9 @@ import sys
 import time
 
 import pytest
+import torch
 
-STEPS, EVERY = 8, 3          # checkpoints after steps 3 and 6
+STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 
 
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
@@ -74,15 +75,16 @@ def without_timings(history):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, warm_start_cache):
     """The metrics each case logs without interruption (run once per case, on first use)."""
-    runs: dict[str, list] = {}
+    runs: dict[str, tuple] = {}
 
-    def history(case):
+    def history(case, run_dir=False):
         if case not in runs:
-            run_dir = tmp_path_factory.mktemp(f"uninterrupted-{case}")
-            run_to_end(rlcore_run(run_dir, warm_start_cache, *CASES[case]))
-            runs[case] = logged(run_dir)
-            assert len(runs[case]) == STEPS
-        return runs[case]
+            directory = tmp_path_factory.mktemp(f"uninterrupted-{case}")
+            run_to_end(rlcore_run(directory, warm_start_cache, *CASES[case]))
+            runs[case] = directory, logged(directory)
+            assert len(runs[case][1]) == STEPS
+            assert [h["step"] for h in runs[case][1] if "time/save" in h] == [EVERY + 1]   # the save after step 4
+        return runs[case][0] if run_dir else runs[case][1]
     return history
 
 
@@ -97,7 +99,6 @@ def test_killed_at_a_random_step_and_resumed_logs_what_the_uninterrupted_run_log
     resumed = run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume"))
     assert f"resuming from {run_dir}/checkpoints/step_0000000" in resumed.stderr
     assert without_timings(logged(run_dir)) == without_timings(uninterrupted(case)), f"killed after step {kill_at}"
-    assert 7 in [h["step"] for h in logged(run_dir) if "time/save" in h]       # the save after step 6, timed
 
 
 @pytest.mark.slow
@@ -114,6 +115,29 @@ def test_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, warm
     assert f"resuming from {root}/step_{EVERY:08d}" in resumed.stderr   # not from the partial one
     assert without_timings(logged(run_dir)) == without_timings(uninterrupted("grpo"))
     assert sorted(os.listdir(root)) == [f"step_{EVERY:08d}", f"step_{2 * EVERY:08d}"]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_path, uninterrupted):
+    """The TP2 x PP2 run's last checkpoint, exported in one process at TP1 with no engine, equals the HF export the
+    run wrote from its live actor at the end, tensor for tensor; transformers loads it with the tokenizer."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = uninterrupted("tp2xpp2", run_dir=True)
+    out = tmp_path / "exported"
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3",
+                             str(run_dir / "checkpoints" / f"step_{STEPS:08d}"), str(out)],
+                            capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported, live = load_file(out / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
+    assert sorted(exported) == sorted(live)
+    assert all(torch.equal(exported[name], live[name]) for name in live)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tokenizer.encode("37+45=")])
+    reference = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
+    assert torch.equal(model(ids).logits, reference(ids).logits)
 
 
 def test_which_checkpoint_a_run_resumes_from(tmp_path):
@@ -161,3 +185,52 @@ def test_resume_of_a_directory_that_is_not_a_run_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"rlcore: error: --resume {str(tmp_path)!r}: not a run "
                                                       f"directory (no config.yaml)")
+
+
+@pytest.fixture(scope="module")
+def run_with_a_checkpoint(tmp_path_factory):
+    """A run directory as a run leaves it (config.yaml, a complete checkpoint's state) over a tiny Qwen3 model, and
+    the state as that run saved it; what the workers would load is not needed: the refusals come before them."""
+    from rlcore.checkpoint import STATE
+    from rlcore.config import load_config, save_config
+    from rlcore.megatron.model import read_hf_config
+    from rlcore.plugins import load_plugins
+    from rlcore.testing import tiny_checkpoint
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+    tmp = tmp_path_factory.mktemp("refusals")
+    model = tmp / "model"
+    tiny_checkpoint(QWEN3, str(model), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                    ffn_hidden_size=64, max_position_embeddings=32)
+    write_char_tokenizer(str(model))
+    run_dir = tmp / "run"
+    (run_dir / "checkpoints" / "step_00000002").mkdir(parents=True)
+    save_config(load_config(None, [f"model.path={model}", f"run.dir={run_dir}"]), str(run_dir / "config.yaml"))
+    state = {"step": 2, "model": {"family": "qwen3", "hf_config": read_hf_config(str(model))},
+             "plugins": load_plugins(["qwen3", "grpo", "vllm"]).describe()}
+    return run_dir, run_dir / "checkpoints" / "step_00000002" / STATE, state
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"family": "mixtral"}, "is of model family 'mixtral', this run's is 'qwen3'"),
+    ({"hidden_size": 64}, "is of another architecture than model.path: hidden_size 64 -> 32"),
+    ({"plugins": "ppo"}, "was written with plugins builtin,grpo,ppo,qwen3,vllm; this run loads builtin,grpo,qwen3,vllm "
+                         "(select them with --plugins)"),
+])
+def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_with_a_checkpoint, change, message):
+    run_dir, state_file, state = run_with_a_checkpoint
+    saved = json.loads(json.dumps(state))
+    if "family" in change:
+        saved["model"]["family"] = change["family"]
+    if "hidden_size" in change:
+        saved["model"]["hf_config"]["hidden_size"] = change["hidden_size"]
+    if "plugins" in change:
+        saved["plugins"].append({"name": change["plugins"]})
+    state_file.write_text(json.dumps(saved))
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "--resume",
+                             str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
+    assert errors == [f"rlcore: error: checkpoint {state_file.parent} {message}; resume anyway with "
+                      f"trainer.resume_strict=false"], result.stderr[-3000:]

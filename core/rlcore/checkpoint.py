@@ -71,8 +71,9 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
-    def save(self, step: int, groups: dict[str, "WorkerGroup"], state: dict) -> float:
-        """Write the checkpoint after ``step``; returns the seconds it took."""
+    def save(self, step: int, groups: dict[str, "WorkerGroup"], state: dict, tokenizer=None) -> float:
+        """Write the checkpoint after ``step`` (with the tokenizer, so that `rlcore export` needs nothing else);
+        returns the seconds it took."""
         start = time.perf_counter()
         root = checkpoint_root(self.run_dir)
         partial, final = os.path.join(root, f".partial-step_{step:08d}"), os.path.join(root, f"step_{step:08d}")
@@ -80,8 +81,10 @@ class Checkpointer:
         os.makedirs(partial)
         for name, group in groups.items():
             group.call("save_checkpoint", os.path.join(partial, name))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(os.path.join(partial, "tokenizer"))
         with open(os.path.join(partial, STATE), "w") as f:
-            json.dump({"step": step, **state}, f, indent=1)
+            json.dump({"step": step, **state}, f, indent=1, default=str)
             f.flush()
             os.fsync(f.fileno())
         shutil.rmtree(final, ignore_errors=True)     # a step saved before, by a run that then died
@@ -91,6 +94,27 @@ class Checkpointer:
         return time.perf_counter() - start
 
 
+def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict]) -> None:
+    """Refuse, before any worker starts, a checkpoint of another model family, architecture or plugin set, naming
+    the difference and the override that resumes anyway (``trainer.resume_strict=false``)."""
+    with open(os.path.join(path, STATE)) as f:
+        saved = json.load(f)
+    force = "; resume anyway with trainer.resume_strict=false"
+    if saved["model"]["family"] != family:
+        raise ConfigError(f"checkpoint {path} is of model family {saved['model']['family']!r}, this run's is "
+                          f"{family!r}{force}")
+    hf_config = json.loads(json.dumps(hf_config, default=str))      # as the checkpoint stored it
+    differ = sorted(k for k in set(saved["model"]["hf_config"]) | set(hf_config)
+                    if saved["model"]["hf_config"].get(k) != hf_config.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {saved['model']['hf_config'].get(k)!r} -> {hf_config.get(k)!r}" for k in differ[:4])
+        raise ConfigError(f"checkpoint {path} is of another architecture than model.path: {shown}{force}")
+    names = lambda described: sorted(p["name"] for p in described)  # noqa: E731
+    if names(saved["plugins"]) != names(plugins):
+        raise ConfigError(f"checkpoint {path} was written with plugins {','.join(names(saved['plugins']))}; this run "
+                          f"loads {','.join(names(plugins))} (select them with --plugins){force}")
+
+
 def load(path: str, groups: dict[str, "WorkerGroup"]) -> dict:
     """Load every group's models and optimizers from checkpoint ``path``; returns the controller's state."""
     with open(os.path.join(path, STATE)) as f:
@@ -98,7 +122,7 @@ def load(path: str, groups: dict[str, "WorkerGroup"]) -> dict:
     for name, group in groups.items():
         if not os.path.isdir(os.path.join(path, name)):
             raise ConfigError(f"checkpoint {path!r} has no {name!r} state (it has: "
-                              f"{', '.join(sorted(d for d in os.listdir(path) if not d.endswith('.json')))})")
+                              f"{', '.join(sorted(d for d in os.listdir(path) if d in ('actor', 'critic')))})")
         group.call("load_checkpoint", os.path.join(path, name))
     return state
 

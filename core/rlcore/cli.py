@@ -1,4 +1,4 @@
-"""`rlcore run`, `rlcore plugins`, `rlcore dataset`. User mistakes print one line and exit 2; nothing else changes."""
+"""`rlcore run`, `rlcore plugins`, `rlcore dataset`, `rlcore export`. User mistakes print one line and exit 2; nothing else changes."""
 from __future__ import annotations
 
 import argparse
@@ -116,6 +116,18 @@ def cmd_dataset(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    import torch
+
+    from rlcore.export import export_checkpoint
+    from rlcore.plugins import parse_selection
+
+    torch.set_num_threads(1)
+    print(f"wrote {export_checkpoint(args.checkpoint, args.out, parse_selection(args.plugins))} (config.json, "
+          f"model.safetensors, tokenizer)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_third_party()
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs: a core plus plugins.")
@@ -145,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--seed", type=int, default=0, help="task: the seed its prompts are drawn with")
     data.add_argument("--plugins", help="task: the entry points to load it from (default: every installed one)")
     data.set_defaults(func=cmd_dataset)
+    export = sub.add_parser("export", help="an HF checkpoint from a run checkpoint: rlcore export "
+                            "<run dir>/checkpoints/step_<N> <out dir>")
+    export.add_argument("checkpoint")
+    export.add_argument("out")
+    export.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
+    export.set_defaults(func=cmd_export)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):
         args.options += extra                      # task options given after the flags

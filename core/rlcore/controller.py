@@ -86,6 +86,9 @@ class Trainer:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
+        self.hf_config = hf_config
+        if self.resume_from and cfg.trainer.resume_strict:
+            checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe())
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
         self.task.bind_tokenizer(self.tokenizer)
@@ -99,9 +102,15 @@ class Trainer:
             self.critic = WorkerGroup(cfg, self.plugins.selection, self.model_path, CriticWorker,
                                       cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.call("sleep")
-        self.loggers = [c() for c in self.logger_classes]
-        for lg in self.loggers:
-            lg.open(self.run_dir, cfg)
+        self.loggers = []
+        for logger_class in self.logger_classes:
+            logger = logger_class()
+            try:
+                logger.open(self.run_dir, cfg)
+            except BaseException:           # the ones already open are closed (a tracker run left open hangs)
+                self.close_loggers()
+                raise
+            self.loggers.append(logger)
 
     @property
     def workers(self) -> WorkerGroup:
@@ -299,8 +308,7 @@ class Trainer:
                 bar.update(metrics)
         finally:
             bar.close()
-            for lg in self.loggers:
-                lg.close()
+            self.close_loggers()
         summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
             else summary["eval_accuracy_before"]
         if cfg.trainer.export_hf:
@@ -318,8 +326,9 @@ class Trainer:
         """The run's state after ``step`` (``rlcore.checkpoint``); returns the seconds it took."""
         self.workers.train_mode()
         state = {"task": self.task.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
-                 "eval_before": eval_before, "config": to_dict(self.cfg), "plugins": self.plugins.describe()}
-        return self.checkpointer.save(step, self.trained_groups(), state)
+                 "eval_before": eval_before, "config": to_dict(self.cfg), "plugins": self.plugins.describe(),
+                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config}}
+        return self.checkpointer.save(step, self.trained_groups(), state, self.tokenizer)
 
     def restore(self, path: str) -> tuple[int, dict]:
         """Continue from checkpoint ``path``: the models, optimizers and generators, the task's sampler and the
@@ -337,6 +346,10 @@ class Trainer:
         self.tokenizer.save_pretrained(directory)
         self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
         return directory
+
+    def close_loggers(self) -> None:
+        while self.loggers:
+            self.loggers.pop().close()
 
     def close(self) -> None:
         for group in (self.critic, self._workers):

@@ -218,6 +218,16 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def config_from_dict(data: dict) -> Config:
+    """A config stored as a plain dict (a checkpoint's), validated against the schema."""
+    try:
+        obj = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), data))
+    except OmegaConfBaseException as e:
+        raise _explain(e, OmegaConf.structured(Config)) from e
+    assert isinstance(obj, Config)
+    return obj
+
+
 def save_config(cfg: Config, path: str) -> None:
     """The resolved config as YAML, loadable by ``load_config(path)`` (a resume starts from it)."""
     OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)

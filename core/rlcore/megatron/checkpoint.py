@@ -19,11 +19,13 @@ import torch.distributed as dist
 _METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
-def _sharded_state(trainable, loading: bool) -> dict:
+def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
     from megatron.core import parallel_state as mpu
 
     metadata = {**_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
     model = trainable.model.sharded_state_dict(metadata=metadata)
+    if not with_optimizer:
+        return {"model": model}
     return {"model": model,
             "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
 
@@ -41,18 +43,19 @@ def save_model(trainable, directory: str) -> None:
                             validate_access_integrity=True, async_sharded_save=False)
 
 
-def load_model(trainable, directory: str) -> None:
-    """Collective: the weights and optimizer state saved by ``save_model``, at this process group's layout."""
+def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
+    """Collective: the weights (and optimizer state) saved by ``save_model``, at this process group's layout."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    loaded = dist_checkpointing.load(_sharded_state(trainable, loading=True), directory,
+    loaded = dist_checkpointing.load(_sharded_state(trainable, True, with_optimizer), directory,
                                      sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     trainable.model.load_state_dict(loaded["model"], strict=True)
-    # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
-    with torch.no_grad():
-        trainable.optimizer.load_state_dict(loaded["optimizer"])
+    if with_optimizer:
+        # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
+        with torch.no_grad():
+            trainable.optimizer.load_state_dict(loaded["optimizer"])
 
 
 def _encode(tensor: torch.Tensor) -> str:

@@ -47,10 +47,11 @@ class CriticWorker(Worker):
         super().save_checkpoint(directory)
         self.sleep()
 
-    def load_checkpoint(self, directory: str) -> None:
+    def load_checkpoint(self, directory: str) -> dict:
         self.wake()
-        super().load_checkpoint(directory)
+        state = super().load_checkpoint(directory)
         self.sleep()
+        return state
 
     def values(self, share: Batch) -> torch.Tensor:
         return self.critic.values(share)

@@ -84,9 +84,13 @@ class Worker:
 
         save_model(self.trainable, os.path.join(directory, "model"))
         write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
-                   {"updates": self.trainable.updates, "rng": rng_state()})
+                   {"updates": self.trainable.updates, "rng": rng_state(), **self.checkpoint_extras()})
 
-    def load_checkpoint(self, directory: str) -> None:
+    def checkpoint_extras(self) -> dict:
+        """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
+        return {}
+
+    def load_checkpoint(self, directory: str) -> dict:
         """Collective: what ``save_checkpoint`` wrote, at this group's layout (a rank the saved layout did not have
         takes rank 0's generators)."""
         from rlcore.megatron.checkpoint import load_model, read_json, set_rng_state
@@ -96,6 +100,7 @@ class Worker:
         state = read_json(mine if os.path.exists(mine) else os.path.join(directory, "rank0.json"))
         self.trainable.updates = state["updates"]
         set_rng_state(state["rng"])
+        return state
 
 
 class ActorRolloutWorker(Worker):
@@ -168,9 +173,16 @@ class ActorRolloutWorker(Worker):
         self.engine.mark_updated()
         return metrics
 
-    def load_checkpoint(self, directory: str) -> None:
-        super().load_checkpoint(directory)
-        self.engine.mark_updated()          # the engine still holds the starting weights: push before generating
+    def checkpoint_extras(self) -> dict:
+        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
+
+    def load_checkpoint(self, directory: str) -> dict:
+        state = super().load_checkpoint(directory)
+        self.engine.mark_updated()          # the engine still holds the starting weights: push them
+        if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
+            self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
+            self.engine.train_mode()
+        return state
 
     def fingerprint(self) -> dict:
         """Sums of this rank's parameters, split into MoE experts, TP-sharded and replicated ones: data-parallel
