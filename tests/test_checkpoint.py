@@ -18,7 +18,8 @@ STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
     "grpo": [],
     "ppo": ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_target=0.01"],
-    "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"],
+    "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2",
+                "trainer.checkpoint_reshardable=false"],     # the faster same-layout format
 }
 
 
@@ -192,7 +193,7 @@ def run_with_a_checkpoint(tmp_path_factory):
     """A run directory as a run leaves it (config.yaml, a complete checkpoint's state) over a tiny Qwen3 model, and
     the state as that run saved it; what the workers would load is not needed: the refusals come before them."""
     from rlcore.checkpoint import STATE
-    from rlcore.config import load_config, save_config
+    from rlcore.config import load_config, save_config, to_dict
     from rlcore.megatron.model import read_hf_config
     from rlcore.plugins import load_plugins
     from rlcore.testing import tiny_checkpoint
@@ -206,9 +207,10 @@ def run_with_a_checkpoint(tmp_path_factory):
     write_char_tokenizer(str(model))
     run_dir = tmp / "run"
     (run_dir / "checkpoints" / "step_00000002").mkdir(parents=True)
-    save_config(load_config(None, [f"model.path={model}", f"run.dir={run_dir}"]), str(run_dir / "config.yaml"))
+    cfg = load_config(None, [f"model.path={model}", f"run.dir={run_dir}"])
+    save_config(cfg, str(run_dir / "config.yaml"))
     state = {"step": 2, "model": {"family": "qwen3", "hf_config": read_hf_config(str(model))},
-             "plugins": load_plugins(["qwen3", "grpo", "vllm"]).describe()}
+             "plugins": load_plugins(["qwen3", "grpo", "vllm"]).describe(), "config": to_dict(cfg)}
     return run_dir, run_dir / "checkpoints" / "step_00000002" / STATE, state
 
 
@@ -217,6 +219,8 @@ def run_with_a_checkpoint(tmp_path_factory):
     ({"hidden_size": 64}, "is of another architecture than model.path: hidden_size 64 -> 32"),
     ({"plugins": "ppo"}, "was written with plugins builtin,grpo,ppo,qwen3,vllm; this run loads builtin,grpo,qwen3,vllm "
                          "(select them with --plugins)"),
+    ({"same_layout_tp": 2}, "was saved with trainer.checkpoint_reshardable=false and resumes only at its own layout: "
+                            "actor.parallel.tp=2 (now 1)"),
 ])
 def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_with_a_checkpoint, change, message):
     run_dir, state_file, state = run_with_a_checkpoint
@@ -227,10 +231,13 @@ def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_
         saved["model"]["hf_config"]["hidden_size"] = change["hidden_size"]
     if "plugins" in change:
         saved["plugins"].append({"name": change["plugins"]})
+    if "same_layout_tp" in change:
+        saved["config"]["trainer"]["checkpoint_reshardable"] = False
+        saved["config"]["actor"]["parallel"]["tp"] = change["same_layout_tp"]
     state_file.write_text(json.dumps(saved))
     result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "--resume",
                              str(run_dir)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
-    assert errors == [f"rlcore: error: checkpoint {state_file.parent} {message}; resume anyway with "
-                      f"trainer.resume_strict=false"], result.stderr[-3000:]
+    force = "" if "same_layout_tp" in change else "; resume anyway with trainer.resume_strict=false"
+    assert errors == [f"rlcore: error: checkpoint {state_file.parent} {message}{force}"], result.stderr[-3000:]

@@ -87,8 +87,9 @@ class Trainer:
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         self.hf_config = hf_config
-        if self.resume_from and cfg.trainer.resume_strict:
-            checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe())
+        if self.resume_from:
+            checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),
+                                        to_dict(cfg))
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
         self.task.bind_tokenizer(self.tokenizer)

@@ -6,12 +6,11 @@ way, through its values after one step.
 Adam's usual first step is lr * sign(g): blind to a mis-scaled loss. With beta1 = 0 and eps far above |g| its
 update is lr * g / (|g| + eps), i.e. nearly linear in g, so a wrong factor anywhere shows. (Megatron's distributed
 optimizer supports only Adam.)"""
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from ranks import run_ranks
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
@@ -29,7 +28,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    path, out, role, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
+    out, path, role, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
@@ -74,28 +73,15 @@ LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence paralle
 
 
 def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, role="actor"):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    out = tmp_path / f"{role}-{name}.safetensors"
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port=29661"]
-    result = subprocess.run([*launcher, str(script), str(checkpoint), str(out), role, str(tp), str(pp), str(cp),
-                             str(mbs), str(sp)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return load_file(out)
+    return run_ranks(RANK_SCRIPT, tmp_path, procs, 29661, tmp_path / f"{role}-{name}.safetensors", checkpoint, role,
+                     tp, pp, cp, mbs, sp)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, tiny_qwen3):
     """The checkpoint both sides start from, and one step on the whole batch in one process."""
-    from rlcore_model_qwen3.plugin import QWEN3
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tmp = tmp_path_factory.mktemp("grad")
-    torch.manual_seed(0)
-    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
-    Qwen3ForCausalLM(Qwen3Config(**hf)).float().save_pretrained(tmp / "ckpt")
-    return tmp, tmp / "ckpt", one_step(tmp, "reference", tmp / "ckpt", 1, 1, 1, 1, 8, 0)
+    return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -2,13 +2,11 @@
 reverse, for the actor with its optimizer state and for the critic. The loaded weights equal the saved ones exactly
 (so the logprobs agree to TP numerics), and one more update at the new layout equals the update the old layout made
 within the gradient-equivalence tolerance of test_gradient_equivalence.py."""
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -26,7 +24,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    mode, path, ckpt, out, role, tp, pp = sys.argv[1:6] + [int(x) for x in sys.argv[6:8]]
+    out, mode, path, ckpt, role, tp, pp = sys.argv[1:6] + [int(x) for x in sys.argv[6:8]]
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     cfg = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-2, clip_grad=0.0),
@@ -77,27 +75,13 @@ RANK_SCRIPT = textwrap.dedent("""
 def run(tmp_path, mode, hf_checkpoint, checkpoint, role, procs, tp, pp):
     """``mode`` save: from the HF checkpoint, three updates, then save ``checkpoint``; load: from ``checkpoint``.
     Either way, then the view of the model (weights, per-token outputs) and one more update's."""
-    script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
-    out = tmp_path / f"{role}-{mode}-tp{tp}pp{pp}.safetensors"
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}", "--master_port=29671"]
-    result = subprocess.run([*launcher, str(script), mode, str(hf_checkpoint), str(checkpoint), str(out), role,
-                             str(tp), str(pp)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return load_file(out)
+    return run_ranks(RANK_SCRIPT, tmp_path, procs, 29671, tmp_path / f"{role}-{mode}-tp{tp}pp{pp}.safetensors", mode,
+                     hf_checkpoint, checkpoint, role, tp, pp)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from rlcore_model_qwen3.plugin import QWEN3
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    tmp = tmp_path_factory.mktemp("reshard")
-    torch.manual_seed(0)
-    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
-    Qwen3ForCausalLM(Qwen3Config(**hf)).float().save_pretrained(tmp / "ckpt")
-    return tmp, tmp / "ckpt"
+def checkpoint(tmp_path_factory, tiny_qwen3):
+    return tmp_path_factory.mktemp("reshard"), tiny_qwen3
 
 
 LAYOUTS = {"tp2xpp2": (4, 2, 2), "tp1": (1, 1, 1)}

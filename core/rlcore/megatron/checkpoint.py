@@ -13,16 +13,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# the optimizer state in a layout-independent form, so that a resume may change TP/PP/DP ("dp_reshardable" cannot
-# change TP; megatron-core 0.16.1's default "fully_sharded_model_space" fails to save); gathered over gloo-capable
-# collectives ("mem_efficient"), which CPU ranks need
-_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
+# How the distributed optimizer's state is laid out in a checkpoint. "fully_reshardable": layout-independent, so a
+# resume may change TP/PP/DP, at the cost of gathering it over data-parallel ranks first (gathered with gloo-capable
+# collectives, "mem_efficient", which CPU ranks need). "dp_reshardable": each rank's shard as it is, several times
+# faster to save (docs/benchmarks.md) but loadable only at the same TP/PP. (megatron-core 0.16.1's default,
+# "fully_sharded_model_space", no longer saves.)
+RESHARDABLE, SAME_LAYOUT = "fully_reshardable", "dp_reshardable"
 
 
-def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
+def _sharded_state(trainable, loading: bool, with_optimizer: bool = True, sharding: str = RESHARDABLE) -> dict:
     from megatron.core import parallel_state as mpu
 
-    metadata = {**_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
+    metadata = {"distrib_optim_sharding_type": sharding, "distrib_optim_fully_reshardable_mem_efficient": True,
+                "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
     model = trainable.model.sharded_state_dict(metadata=metadata)
     if not with_optimizer:
         return {"model": model}
@@ -30,7 +33,7 @@ def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dic
             "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
 
 
-def save_model(trainable, directory: str) -> None:
+def save_model(trainable, directory: str, sharding: str = RESHARDABLE) -> None:
     """Collective: every rank of the model's world writes its shards into ``directory``."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
@@ -38,17 +41,18 @@ def save_model(trainable, directory: str) -> None:
     if dist.get_rank() == 0:
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(trainable, loading=False), directory,
+    dist_checkpointing.save(_sharded_state(trainable, False, sharding=sharding), directory,
                             sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
                             validate_access_integrity=True, async_sharded_save=False)
 
 
-def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
-    """Collective: the weights (and optimizer state) saved by ``save_model``, at this process group's layout."""
+def load_model(trainable, directory: str, with_optimizer: bool = True, sharding: str = RESHARDABLE) -> None:
+    """Collective: the weights (and optimizer state) saved by ``save_model`` with ``sharding``, at this process
+    group's layout."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    loaded = dist_checkpointing.load(_sharded_state(trainable, True, with_optimizer), directory,
+    loaded = dist_checkpointing.load(_sharded_state(trainable, True, with_optimizer, sharding), directory,
                                      sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     trainable.model.load_state_dict(loaded["model"], strict=True)

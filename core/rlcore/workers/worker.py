@@ -80,11 +80,13 @@ class Worker:
     def save_checkpoint(self, directory: str) -> None:
         """Collective: the model's and optimizer's shards (``directory``/model), and per rank its update count and
         random generators (``directory``/rank<r>.json)."""
-        from rlcore.megatron.checkpoint import rng_state, save_model, write_json
+        from rlcore.megatron.checkpoint import RESHARDABLE, SAME_LAYOUT, rng_state, save_model, write_json
 
-        save_model(self.trainable, os.path.join(directory, "model"))
+        sharding = RESHARDABLE if self.cfg.trainer.checkpoint_reshardable else SAME_LAYOUT
+        save_model(self.trainable, os.path.join(directory, "model"), sharding)
         write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
-                   {"updates": self.trainable.updates, "rng": rng_state(), **self.checkpoint_extras()})
+                   {"updates": self.trainable.updates, "rng": rng_state(), "optimizer_sharding": sharding,
+                    **self.checkpoint_extras()})
 
     def checkpoint_extras(self) -> dict:
         """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
@@ -95,9 +97,9 @@ class Worker:
         takes rank 0's generators)."""
         from rlcore.megatron.checkpoint import load_model, read_json, set_rng_state
 
-        load_model(self.trainable, os.path.join(directory, "model"))
         mine = os.path.join(directory, f"rank{torch.distributed.get_rank()}.json")
         state = read_json(mine if os.path.exists(mine) else os.path.join(directory, "rank0.json"))
+        load_model(self.trainable, os.path.join(directory, "model"), sharding=state["optimizer_sharding"])
         self.trainable.updates = state["updates"]
         set_rng_state(state["rng"])
         return state
