@@ -241,3 +241,45 @@ def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_
     errors = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
     force = "" if "same_layout_tp" in change else "; resume anyway with trainer.resume_strict=false"
     assert errors == [f"rlcore: error: checkpoint {state_file.parent} {message}{force}"], result.stderr[-3000:]
+
+
+class RunsCode:
+    """A pickle that, when loaded by plain pickle, creates a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("planted", [".metadata", "common.pt"])
+def test_a_crafted_checkpoint_file_is_refused_and_runs_no_code(tmp_path, planted):
+    """A checkpoint whose metadata (torch.distributed.checkpoint's pickle) or megatron-core's common.pt has been
+    replaced with a pickle that calls a function: loading refuses it, and the function never ran."""
+    import pickle
+
+    from rlcore.config.schema import ActorConfig
+    from rlcore.megatron.actor import MegatronActor
+    from rlcore.megatron.checkpoint import load_model, save_model
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.optimizers import SPECS
+
+    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                              ffn_hidden_size=64, max_position_embeddings=16)
+    actor = MegatronActor(QWEN3, hf, ActorConfig(micro_batch_size=2), SPECS[0])
+    assert not save_model(actor, str(tmp_path / "ckpt"))       # before its first step the optimizer has no state
+    load_model(actor, str(tmp_path / "ckpt"), with_optimizer=False)      # as saved, it loads
+    marker = tmp_path / "code-ran"
+    if planted == ".metadata":
+        (tmp_path / "ckpt" / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
+    else:
+        torch.save({"x": RunsCode(marker)}, tmp_path / "ckpt" / "common.pt")
+    with pytest.raises(BaseException) as refused:      # torch.distributed.checkpoint raises a BaseException
+        load_model(actor, str(tmp_path / "ckpt"), with_optimizer=False)
+    failures = getattr(refused.value, "failures", {})          # torch.distributed.checkpoint wraps per rank
+    said = str(refused.value) + "".join(str(f) for f in failures.values())
+    expected = ("checkpoint metadata names io.open, which is not checkpoint metadata: refused" if planted == ".metadata"
+                else "Weights only load failed")
+    assert expected in said, said[-2000:]
+    assert not marker.exists()

@@ -33,17 +33,27 @@ def _sharded_state(trainable, loading: bool, with_optimizer: bool = True, shardi
             "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
 
 
-def save_model(trainable, directory: str, sharding: str = RESHARDABLE) -> None:
-    """Collective: every rank of the model's world writes its shards into ``directory``."""
+def optimizer_has_state(trainable) -> bool:
+    """Whether the optimizer has taken a step (torch's Adam creates its moments then; before, there is nothing to
+    save, and megatron-core cannot save it: a PPO actor waiting for the critic's warm-up)."""
+    inner = [o.optimizer for o in getattr(trainable.optimizer, "chained_optimizers", [trainable.optimizer])]
+    return any(len(o.state) for o in inner)
+
+
+def save_model(trainable, directory: str, sharding: str = RESHARDABLE) -> bool:
+    """Collective: every rank of the model's world writes its shards into ``directory``; the optimizer's only once it
+    has state. Returns whether it was saved (``load_model``'s ``with_optimizer``)."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
     if dist.get_rank() == 0:
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(trainable, False, sharding=sharding), directory,
+    with_optimizer = optimizer_has_state(trainable)
+    dist_checkpointing.save(_sharded_state(trainable, False, with_optimizer, sharding), directory,
                             sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
                             validate_access_integrity=True, async_sharded_save=False)
+    return with_optimizer
 
 
 def load_model(trainable, directory: str, with_optimizer: bool = True, sharding: str = RESHARDABLE) -> None:

@@ -9,6 +9,7 @@ from rlcore.megatron.attention import have_transformer_engine
 def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
     synchronous_checkpoint_writes_without_a_manager_process()
+    checkpoint_loading_never_unpickles_code()
     if not have_transformer_engine():
         sequence_parallel_torch_norms()
         multi_latent_attention_without_transformer_engine()
@@ -83,6 +84,59 @@ def synchronous_checkpoint_writes_without_a_manager_process() -> None:
 
     in_process_queue._rlcore = True  # type: ignore[attr-defined]
     filesystem_async._get_write_results_queue = in_process_queue
+
+
+# what torch.distributed.checkpoint's `.metadata` pickle may name: its own metadata classes and torch's type names
+_CHECKPOINT_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "ChunkStorageMetadata",
+                                              "BytesStorageMetadata", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.planner": {"SavePlan", "TensorWriteData", "WriteItem", "WriteItemType"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size", "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+              "bool"},
+    "collections": {"OrderedDict"},
+}
+
+
+def checkpoint_loading_never_unpickles_code() -> None:
+    """torch.distributed.checkpoint reads a checkpoint's ``.metadata`` with ``pickle.load`` and its non-tensor items
+    with ``torch.load(weights_only=False)``: a crafted checkpoint runs code when loaded. Read the metadata with an
+    unpickler that knows only the metadata classes, and the items with ``weights_only=True`` (rlcore's are None:
+    the layers' empty ``_extra_state``). megatron-core's ``common.pt`` is read with torch's default, weights only."""
+    import io
+    import pickle
+    import types
+
+    import torch
+    from torch.distributed.checkpoint import default_planner, filesystem
+
+    if getattr(filesystem.pickle, "_rlcore", False):
+        return
+
+    class MetadataUnpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if name not in _CHECKPOINT_METADATA_GLOBALS.get(module, ()):
+                raise pickle.UnpicklingError(f"checkpoint metadata names {module}.{name}, which is not checkpoint "
+                                             f"metadata: refused (a checkpoint never loads code)")
+            return super().find_class(module, name)
+
+    filesystem.pickle = types.SimpleNamespace(  # type: ignore[assignment]
+        dump=pickle.dump, dumps=pickle.dumps, load=lambda f: MetadataUnpickler(f).load(),
+        loads=lambda data: MetadataUnpickler(io.BytesIO(data)).load(), _rlcore=True)
+
+    class TensorsOnlyTorch:
+        """``torch`` as the load planner sees it: ``torch.load`` reads tensors and plain data only."""
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def load(f, *args, **kwargs):
+            return torch.load(f, *args, **{**kwargs, "weights_only": True})
+
+    default_planner.torch = TensorsOnlyTorch()  # type: ignore[assignment]
 
 
 # --- the distributed optimizer over torch.optim.Adam (no TransformerEngine / Apex): checkpoint save and load --------

@@ -83,10 +83,10 @@ class Worker:
         from rlcore.megatron.checkpoint import RESHARDABLE, SAME_LAYOUT, rng_state, save_model, write_json
 
         sharding = RESHARDABLE if self.cfg.trainer.checkpoint_reshardable else SAME_LAYOUT
-        save_model(self.trainable, os.path.join(directory, "model"), sharding)
+        with_optimizer = save_model(self.trainable, os.path.join(directory, "model"), sharding)
         write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
                    {"updates": self.trainable.updates, "rng": rng_state(), "optimizer_sharding": sharding,
-                    **self.checkpoint_extras()})
+                    "with_optimizer": with_optimizer, **self.checkpoint_extras()})
 
     def checkpoint_extras(self) -> dict:
         """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
@@ -99,7 +99,8 @@ class Worker:
 
         mine = os.path.join(directory, f"rank{torch.distributed.get_rank()}.json")
         state = read_json(mine if os.path.exists(mine) else os.path.join(directory, "rank0.json"))
-        load_model(self.trainable, os.path.join(directory, "model"), sharding=state["optimizer_sharding"])
+        load_model(self.trainable, os.path.join(directory, "model"), state["with_optimizer"],
+                   state["optimizer_sharding"])
         self.trainable.updates = state["updates"]
         set_rng_state(state["rng"])
         return state
