@@ -71,7 +71,8 @@ def test_value_head_starts_at_zero_and_learns_its_targets():
 
     critic = MegatronCritic(QWEN3, HF, CriticConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-2)), SPECS[0],
                             hf_state=random_state())
-    assert not any("output_layer.weight" == n for n, _ in critic.model.named_parameters()), "LM head replaced"
+    head = dict(critic.model.named_parameters())["output_layer.weight"]
+    assert head.shape == (1, HF["hidden_size"]), "the LM head is replaced by a scalar value head"
     mask = BATCH["response_mask"]
     values = critic.values(BATCH)
     assert values.shape == BATCH["input_ids"].shape and torch.equal(values, torch.zeros_like(values))
