@@ -312,6 +312,8 @@ class Trainer:
             self.close_loggers()
         summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
             else summary["eval_accuracy_before"]
+        if saved_in is not None:      # the checkpoint after the last step: no next step's metrics to carry it
+            summary["last_save_seconds"] = saved_in
         if cfg.trainer.export_hf:
             summary["export"] = self.export_hf(os.path.join(self.run_dir, "hf"))
         summary["plot"] = plot_rewards(history, eval_before, self.run_dir)
