@@ -275,26 +275,23 @@ def test_cli_refuses_a_missing_tracker_package_in_one_line_before_anything_start
 
 # --- a training run ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_short_training_run_logs_the_same_metrics_to_every_tracker(tmp_path, warm_start_cache):
-    """Two GRPO steps of the quickstart (real vLLM, real megatron-core) with every tracker: each holds what
-    metrics.jsonl holds, step for step (the evaluation's eval/pass@1 included: eval/pass_at_1 in MLflow)."""
-    import torch
+def test_a_short_training_run_logs_the_same_metrics_to_every_tracker(tmp_path, warm_start_cache, monkeypatch):
+    """Two GRPO steps of the quickstart (real vLLM, real megatron-core) with every tracker, run as a user runs it
+    (its own process: a run in the test process would leave megatron-core's groups torn down for later tests):
+    each tracker holds what metrics.jsonl holds, step for step (eval/pass@1 included: eval/pass_at_1 in MLflow)."""
+    import os
+    import subprocess
+    import sys
+
     from mlflow.tracking import MlflowClient
 
-    from rlcore.controller import Trainer
-    from rlcore.plugins import load_plugins
-
-    torch.set_num_threads(1)
     run_dir = tmp_path / "run"
-    cfg = load_config("quickstart", ["trainer.steps=2", "trainer.eval_every=0", "run.progress=false",
-                                     "trainer.export_hf=false", f"run.dir={run_dir}",
-                                     f"warm_start.cache_dir={warm_start_cache}",
-                                     "trainer.loggers=[jsonl,tensorboard,wandb,mlflow]"])
-    trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
-    try:
-        trainer.run()
-    finally:
-        trainer.close()
+    result = subprocess.run(
+        [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart", "trainer.steps=2",
+         "trainer.eval_every=0", "run.progress=false", "trainer.export_hf=false", f"run.dir={run_dir}",
+         f"warm_start.cache_dir={warm_start_cache}", "trainer.loggers=[jsonl,tensorboard,wandb,mlflow]"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = {k for r in rows for k in r} - {"step"}
     jsonl = {k: {r["step"]: (NAN if r[k] is None else r[k]) for r in rows if k in r} for k in keys}
@@ -303,6 +300,7 @@ def test_a_short_training_run_logs_the_same_metrics_to_every_tracker(tmp_path, w
     tensorboard = tensorboard_scalars(run_dir)
     wandb_id = (run_dir / "wandb_run_id").read_text().strip()
     wandb = wandb_history(wandb_offline_runs(run_dir, wandb_id))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")    # as the logger set it in the run's process
     client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
     mlflow_id = (run_dir / "mlflow_run_id").read_text().strip()
     for key, values in jsonl.items():

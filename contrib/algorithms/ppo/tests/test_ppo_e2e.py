@@ -47,5 +47,7 @@ def test_critic_in_its_own_layout_with_adaptive_kl(tmp_path):
     coefs = [h["algo/kl_coef"] for h in history]
     assert coefs[0] == 0.05 and coefs[1] != coefs[0], coefs      # adapted after the first step
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
-    assert all(h["critic/grad_norm"] > 0 for h in history)
+    # the critic learns wherever its targets are not already met (a first batch of all-zero rewards gives none)
+    assert any(h["critic/value_loss"] > 0 for h in history)
+    assert all(h["critic/grad_norm"] > 0 for h in history if h["critic/value_loss"] > 0)
     assert history[-1]["values/mean"] != 0.0
