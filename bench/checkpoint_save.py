@@ -34,10 +34,12 @@ def directory_bytes(path: str) -> int:
 
 
 def plain_write(tensors, path: str) -> int:
+    import torch
+
     written = 0
     with open(path, "wb") as f:
         for t in tensors:
-            data = t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy()
+            data = t.detach().contiguous().view(-1).view(torch.uint8).numpy()
             f.write(memoryview(data))
             written += data.nbytes
         f.flush()

@@ -2,6 +2,8 @@
 offload switches. Every method is SPMD over the critic's ranks, like the actor worker's."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from rlcore.config import Config
@@ -42,16 +44,22 @@ class CriticWorker(Worker):
         for what in self.offloaded:
             self.critic.offload(what)
 
-    def save_checkpoint(self, directory: str) -> None:
+    @contextmanager
+    def awake(self):
+        """The critic in memory for a while (a checkpoint save or load), asleep again after."""
         self.wake()
-        super().save_checkpoint(directory)
-        self.sleep()
+        try:
+            yield
+        finally:
+            self.sleep()
+
+    def save_checkpoint(self, directory: str) -> None:
+        with self.awake():
+            super().save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str) -> dict:
-        self.wake()
-        state = super().load_checkpoint(directory)
-        self.sleep()
-        return state
+        with self.awake():
+            return super().load_checkpoint(directory)
 
     def values(self, share: Batch) -> torch.Tensor:
         return self.critic.values(share)
