@@ -4,38 +4,61 @@ Megatron runs a mini-batch as several micro-batches and sums their gradients, di
 the number of micro-batches. ``aggregate`` therefore returns each micro-batch's exact *share* of the mini-batch
 loss, computed against mini-batch totals, so the sum over micro-batches equals the loss of the whole mini-batch
 regardless of how it is split.
+
+Masked-out positions (padding, failed samples, rejected sequences) may hold anything, NaN or inf included: every
+masked reduction here selects with ``torch.where`` instead of multiplying by the mask, because NaN * 0 = NaN.
 """
 from __future__ import annotations
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+# exp() of a log-ratio beyond this is treated as this (e^20 ~ 5e8): far outside any clip range, yet finite, so one
+# token whose logprobs disagree wildly (or a garbage value at a padded position) cannot turn the loss into inf/NaN
+LOG_RATIO_BOUND = 20.0
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x * mask`` where the mask is nonzero and exactly 0 elsewhere, whatever ``x`` holds there. For finite ``x``
+    the values equal ``x * mask`` (up to the sign of a zero), so sums over them are the same bits."""
+    return torch.where(mask != 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, total_tokens: float,
-              total_sequences: float) -> torch.Tensor:
+              total_sequences: float, token_sum_norm: float = 0.0) -> torch.Tensor:
     """token-mean: every response token of the mini-batch weighs the same.
     seq-mean-token-mean: each sequence's mean over its tokens, then the mean over sequences.
-    seq-mean-token-sum: each sequence's sum over its tokens, then the mean over sequences."""
-    masked = per_token * mask
+    seq-mean-token-sum: each sequence's sum over its tokens, then the mean over sequences.
+    seq-mean-token-sum-norm (Dr. GRPO): each sequence's sum over its tokens divided by the constant
+    ``token_sum_norm`` (the maximum response length), then the mean over sequences, as in the paper. A constant,
+    not this batch's longest response or padded width, so no sequence's weight depends on what it was batched with
+    or how the mini-batch was split. (verl's variant leaves out the mean over sequences: its scale follows the
+    micro-batch size.)"""
+    kept = masked(per_token, mask)
     if mode == "token-mean":
-        return masked.sum() / max(total_tokens, 1.0)
+        return kept.sum() / max(total_tokens, 1.0)
     if mode == "seq-mean-token-mean":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / max(total_sequences, 1.0)
+        return (kept.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / max(total_sequences, 1.0)
     if mode == "seq-mean-token-sum":
-        return masked.sum(-1).sum() / max(total_sequences, 1.0)
+        return kept.sum(-1).sum() / max(total_sequences, 1.0)
+    if mode == "seq-mean-token-sum-norm":
+        if token_sum_norm <= 0:
+            raise ValueError("seq-mean-token-sum-norm needs token_sum_norm > 0, a constant such as the maximum "
+                             f"response length (got {token_sum_norm})")
+        return kept.sum(-1).sum() / (token_sum_norm * max(total_sequences, 1.0))
     raise ValueError(f"unknown loss aggregation {mode!r}; use one of {', '.join(AGG_MODES)}")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return masked(x, mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / std over the masked entries; masked-out entries become 0."""
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean).square(), mask)
-    return (x - mean) * torch.rsqrt(var + eps) * mask
+    return masked((x - mean) * torch.rsqrt(var + eps), mask)
 
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -75,8 +98,10 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
                       clip_low: float, clip_high: float, clip_c: float = 0.0) -> tuple[torch.Tensor, dict]:
     """PPO's per-token clipped surrogate max(-A r, -A clip(r, 1-low, 1+high)), r = pi / pi_old. Dual-clip
     (``clip_c`` = c > 1; 0 = off): where A < 0 the loss is further capped at -A c, so a very large ratio on a bad
-    token cannot produce an unbounded update."""
-    log_ratio = logp - old_logp
+    token cannot produce an unbounded update. The log-ratio is clamped to +-LOG_RATIO_BOUND before ``exp``: no
+    clip range comes near e^20, so this only touches a token whose ratio would overflow to inf (inf * 0 = NaN
+    downstream); past the bound its ratio stops moving, giving a finite loss and no gradient through the ratio."""
+    log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
