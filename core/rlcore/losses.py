@@ -66,8 +66,10 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 def check_policy_loss_options(cfg) -> None:
     """The options every clipped-surrogate algorithm shares (loss_agg_mode, kl_estimator, kl_coef,
-    clip_ratio_low/high, clip_ratio_c), checked from its config's ``__post_init__``; names the key."""
+    clip_ratio_low/high, clip_ratio_c, and the rollout correction's where the config has them), checked from its
+    config's ``__post_init__``; names the key."""
     from rlcore.errors import ConfigError
+    from rlcore.rollout_correction import check_correction_options
 
     if cfg.loss_agg_mode not in AGG_MODES:
         raise ConfigError(f"algorithm.loss_agg_mode = {cfg.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
@@ -80,6 +82,7 @@ def check_policy_loss_options(cfg) -> None:
                           f"need 0 <= low < 1 and high >= 0")
     if cfg.clip_ratio_c and cfg.clip_ratio_c <= 1:
         raise ConfigError(f"algorithm.clip_ratio_c = {cfg.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
+    check_correction_options(cfg)
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

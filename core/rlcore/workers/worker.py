@@ -14,6 +14,7 @@ from rlcore.engine.hybrid import HybridEngine
 from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.losses import aggregate, masked_mean
 from rlcore.lr_schedule import total_updates
+from rlcore.rollout_correction import correction, mismatch_metrics
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
@@ -165,12 +166,19 @@ class ActorRolloutWorker(Worker):
             per_token, m = self.algorithm.policy_loss(logp, old, mb["advantages"], mask,
                                                       mb["ref_logprobs"] if "ref_logprobs" in mb else None,
                                                       self.algo_cfg)
+            # the engine sampled with the old policy's weights: their logprobs should agree; the gap is always
+            # measured, and corrected where the algorithm's rollout_is / rollout_rs_* ask (weights on the policy
+            # loss, rejected sequences out of the mask; the normalisers stay the mini-batch totals)
+            m.update(mismatch_metrics(old, mb["rollout_logprobs"], mask))
+            weights, kept, corrected = correction(old, mb["rollout_logprobs"], mask, self.algo_cfg)
+            m.update(corrected)
+            if weights is not None:
+                per_token = per_token * weights
             if entropy_coef > 0:   # the bonus: higher entropy, lower loss
                 per_token = per_token - entropy_coef * entropy
             m["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
-            # the engine sampled with the old policy's weights: their logprobs must agree
             m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - old).abs(), mask).item()
-            return aggregate(per_token, mask, mode, total_tokens, total_sequences), m
+            return aggregate(per_token, kept, mode, total_tokens, total_sequences, self.cfg.rollout.max_response_len), m
 
         metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
         self.engine.mark_updated()

@@ -24,6 +24,11 @@ class GRPOConfig:
     overlong_penalty: float = 1.0        # the penalty at overlong_max_len tokens, linear from 0 over the buffer
     dynamic_sampling: bool = False       # DAPO: drop groups whose rewards are all equal (no signal) and sample
                                          # more prompts in their place (up to rollout.max_sampling_rounds)
+    rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
+                                         # truncated importance weights per token or per sequence (none = off)
+    rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
+    rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
+    rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
 
     def __post_init__(self):
         from rlcore.errors import ConfigError

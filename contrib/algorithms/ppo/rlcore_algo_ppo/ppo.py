@@ -31,9 +31,18 @@ class PPOConfig:
     kl_target: float = 0.0               # > 0: adapt kl_coef toward this KL per token (reward placement only)
     kl_horizon: int = 10000              # adaptive: samples over which kl_coef moves by at most a factor e^0.2
     loss_agg_mode: str = "token-mean"
+    rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
+                                         # truncated importance weights per token or per sequence (none = off)
+    rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
+    rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
+    rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
 
     def __post_init__(self):
         check_policy_loss_options(self)
+        if self.loss_agg_mode == "seq-mean-token-sum-norm":   # until CriticWorker passes the constant to aggregate
+            raise ConfigError("algorithm.loss_agg_mode = 'seq-mean-token-sum-norm' is not available for PPO yet (the "
+                              "critic's value loss shares the mode): use token-mean, seq-mean-token-mean or "
+                              "seq-mean-token-sum")
         if self.kl_as not in KL_PLACES:
             raise ConfigError(f"algorithm.kl_as = {self.kl_as!r}: use one of {', '.join(KL_PLACES)}")
         for key in ("gamma", "lam"):
