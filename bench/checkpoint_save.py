@@ -1,15 +1,16 @@
 """Checkpoint save time against a plain write of the same bytes, on a ~100M-parameter Qwen3-shaped actor.
 
-    python bench/checkpoint_save.py [--layouts tp1,tp2] [--repeats 3]
+    python bench/checkpoint_save.py [--layouts tp1,tp2,dp2] [--repeats 3]
 
 For each layout (torchrun, one process per rank, gloo) every rank builds its Megatron shard with its distributed
 Adam optimizer, takes one update (so the optimizer has its moments), then alternates ``--repeats`` times:
 ``rlcore.megatron.checkpoint.save_model`` (megatron-core distributed checkpointing, torch_dist, fsync'd) into a fresh
-directory in each optimizer format (``reshardable``: fully_reshardable, the default; ``same-layout``:
-dp_reshardable, trainer.checkpoint_reshardable=false), and the floor: the same rank writing the same tensors (its
-model shard's parameters and its optimizer state) as raw bytes into one file with an fsync. Prints seconds per save
-and per floor (median, after barriers: the slowest rank), the bytes each wrote, and the ratios. Goal: save <= 1.5x
-the floor.
+directory in each optimizer format, synchronously (``reshardable``: fully_reshardable, the default; ``same-layout``:
+dp_reshardable, trainer.checkpoint_reshardable=false); the default asynchronous save (reshardable): the seconds
+until training could go on (``async stall``) and until the write is finalized; and the floor: the same rank writing
+the same tensors (its model shard's parameters and its optimizer state) as raw bytes into one file with an fsync.
+Prints seconds (median, after barriers: the slowest rank), the bytes each wrote, and the ratios to the floor.
+Goal: the asynchronous save stalls training no longer than the floor (ratio <= 1).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def plain_write(tensors, path: str) -> int:
 def rank_main(args) -> None:
     import torch
     import torch.distributed as dist
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
     from rlcore.config.schema import ActorConfig, OptimConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
@@ -70,7 +72,9 @@ def rank_main(args) -> None:
     mine = [p for p in actor.model.parameters()] + [t for o in inner for s in o.state.values() for t in s.values()
                                                      if torch.is_tensor(t) and t.dim() > 0]
     rank = dist.get_rank()
+    pending = AsyncCallsQueue()
     saves: dict[str, list[float]] = {RESHARDABLE: [], SAME_LAYOUT: []}
+    stalls, async_totals = [], []
     floors, floor_bytes, save_bytes = [], 0, 0
     for i in range(args.repeats):     # each output removed before the next write: no writeback left over
         start = time.perf_counter()
@@ -88,11 +92,24 @@ def rank_main(args) -> None:
             if rank == 0:
                 save_bytes = directory_bytes(target) if sharding == RESHARDABLE else save_bytes
                 shutil.rmtree(target)
+        target = os.path.join(args.dir, "async")
+        dist.barrier()
+        start = time.perf_counter()
+        save_model(actor, target, RESHARDABLE, pending)
+        stall = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(stall, op=dist.ReduceOp.MAX)
+        stalls.append(stall.item())
+        pending.maybe_finalize_async_calls(blocking=True)
+        dist.barrier()
+        async_totals.append(time.perf_counter() - start)
+        if rank == 0:
+            shutil.rmtree(target)
     total_floor = torch.tensor([float(floor_bytes)])
     dist.all_reduce(total_floor)
     if rank == 0:
         print(json.dumps({"save_s": statistics.median(saves[RESHARDABLE]),
                           "fast_s": statistics.median(saves[SAME_LAYOUT]), "floor_s": statistics.median(floors),
+                          "stall_s": statistics.median(stalls), "async_s": statistics.median(async_totals),
                           "save_bytes": save_bytes,
                           "floor_bytes": int(total_floor.item()),
                           "parameters": sum(p.numel() for p in actor.model.parameters()) * args.tp}), flush=True)
@@ -111,8 +128,9 @@ def main() -> None:
     if args.rank:
         rank_main(args)
         return
-    print(f"{'layout':<8} {'params':>8} {'reshardable s':>14} {'same-layout s':>14} {'floor s':>8} {'save MB':>8} "
-          f"{'floor MB':>9} {'ratios to the floor':>20}")
+    print(f"{'layout':<8} {'params':>7} {'floor s':>8} {'reshardable s':>14} {'same-layout s':>14} "
+          f"{'async stall s':>14} {'async total s':>14} {'save MB':>8} {'floor MB':>9}   ratios to the floor: "
+          f"reshardable, same-layout, async stall")
     for name in args.layouts.split(","):
         world, tp = LAYOUTS[name]
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -120,11 +138,13 @@ def main() -> None:
                    __file__, "--rank", f"--tp={tp}", f"--dir={tmp}", f"--repeats={args.repeats}"]
             out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
             if out.returncode != 0:
-                sys.exit(out.stderr[-3000:])
+                errors = [line for line in out.stderr.splitlines() if "Error" in line and "error_file" not in line]
+                sys.exit("\n".join(errors[-20:]) + "\n" + out.stderr[-2000:])
             r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-        print(f"{name:<8} {r['parameters'] / 1e6:>7.0f}M {r['save_s']:>14.2f} {r['fast_s']:>14.2f} "
-              f"{r['floor_s']:>8.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f} "
-              f"{r['save_s'] / r['floor_s']:>9.1f}x {r['fast_s'] / r['floor_s']:>7.1f}x")
+        print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>14.2f} {r['fast_s']:>14.2f} "
+              f"{r['stall_s']:>14.2f} {r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
+              f"   {r['save_s'] / r['floor_s']:.1f}x, {r['fast_s'] / r['floor_s']:.1f}x, "
+              f"{r['stall_s'] / r['floor_s']:.2f}x")
 
 
 if __name__ == "__main__":

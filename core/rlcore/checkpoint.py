@@ -2,12 +2,14 @@
 ``critic/``: megatron-core distributed checkpointing, reshardable on load, plus per-rank generators) and the
 controller's state (``rlcore_checkpoint.json``: step, task sampler, algorithm state, the config and plugin set).
 
-A checkpoint is written under ``.partial-step_<N>`` and renamed into place once complete, so a run killed mid-save
-leaves the previous checkpoint as the newest complete one; only directories named ``step_<N>`` with the state file
-count. No checkpoint file holds pickled code: tensors go through torch_dist, everything else is JSON.
+A checkpoint is written under ``.partial-step_<N>-<pid>`` and renamed into place once complete, so a run killed
+mid-save leaves the previous checkpoint as the newest complete one; only directories named ``step_<N>`` with the
+state file count. By default the tensors are written asynchronously: training goes on while forked writers write
+them, and the rename happens at the first step boundary after every rank's writes are done (``Checkpointer.finish``). No checkpoint file holds pickled code: tensors go through torch_dist, everything else is JSON.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -63,35 +65,54 @@ def resolve_resume(run_dir: str, resume: str) -> str | None:
 
 
 class Checkpointer:
-    """Saves every ``every`` steps, keeping the newest ``keep``."""
+    """Saves every ``every`` steps, keeping the newest ``keep``; ``asynchronous``: one save at a time is written
+    while training goes on, made visible by ``finish``."""
 
-    def __init__(self, run_dir: str, every: int, keep: int):
-        self.run_dir, self.every, self.keep = run_dir, every, keep
+    def __init__(self, run_dir: str, every: int, keep: int, asynchronous: bool = True):
+        self.run_dir, self.every, self.keep, self.asynchronous = run_dir, every, keep, asynchronous
+        self.pending: tuple[str, str, dict[str, "WorkerGroup"]] | None = None   # partial dir, final dir, writers
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
     def save(self, step: int, groups: dict[str, "WorkerGroup"], state: dict, tokenizer=None) -> float:
-        """Write the checkpoint after ``step`` (with the tokenizer, so that `rlcore export` needs nothing else);
-        returns the seconds it took."""
+        """Start the checkpoint after ``step`` (with the tokenizer, so that `rlcore export` needs nothing else), and
+        wait for it unless asynchronous; returns the seconds training stood still for it (including waiting for the
+        previous save, if still being written)."""
         start = time.perf_counter()
+        self.finish(blocking=True)
         root = checkpoint_root(self.run_dir)
-        partial, final = os.path.join(root, f".partial-step_{step:08d}"), os.path.join(root, f"step_{step:08d}")
-        shutil.rmtree(partial, ignore_errors=True)
+        for stale in glob.glob(os.path.join(root, ".partial-*")):    # left by a run that died mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+        partial = os.path.join(root, f".partial-step_{step:08d}-{os.getpid()}")
         os.makedirs(partial)
         for name, group in groups.items():
-            group.call("save_checkpoint", os.path.join(partial, name))
+            group.call("save_checkpoint", os.path.join(partial, name), self.asynchronous)
         if tokenizer is not None:
             tokenizer.save_pretrained(os.path.join(partial, "tokenizer"))
         with open(os.path.join(partial, STATE), "w") as f:
             json.dump({"step": step, **state}, f, indent=1, default=str)
             f.flush()
             os.fsync(f.fileno())
+        self.pending = (partial, os.path.join(root, f"step_{step:08d}"), groups)
+        self.finish(blocking=not self.asynchronous)
+        return time.perf_counter() - start
+
+    def finish(self, blocking: bool = False) -> bool:
+        """Make the pending checkpoint visible if every rank of every group has written its part (waiting for them:
+        ``blocking``), and drop the oldest beyond ``keep``. Returns whether none is pending. Collective."""
+        if self.pending is None:
+            return True
+        partial, final, groups = self.pending
+        done = [all(group.call("finish_checkpoint", blocking)) for group in groups.values()]   # every group polled
+        if not all(done):
+            return False
         shutil.rmtree(final, ignore_errors=True)     # a step saved before, by a run that then died
         os.rename(partial, final)
+        self.pending = None
         for _, old in complete_checkpoints(self.run_dir)[:-self.keep]:
             shutil.rmtree(old)
-        return time.perf_counter() - start
+        return True
 
 
 def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict) -> None:

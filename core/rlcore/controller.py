@@ -79,7 +79,8 @@ class Trainer:
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
             json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
-        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints)
+        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
+                                         cfg.trainer.checkpoint_async)
         self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
         hf_config = read_hf_config(self.model_path)
         try:
@@ -296,6 +297,7 @@ class Trainer:
                 start = time.perf_counter()
                 metrics = self.step(step)
                 metrics["time/step"] = time.perf_counter() - start
+                self.checkpointer.finish()            # a checkpoint written during the step becomes visible
                 if saved_in is not None:
                     metrics["time/save"], saved_in = saved_in, None
                 if step == cfg.trainer.steps or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0):
@@ -307,6 +309,7 @@ class Trainer:
                     saved_in = self.save_checkpoint(step, eval_before)
                 self.plugins.hook.rlcore_step_end(step=step, metrics=metrics)
                 bar.update(metrics)
+            self.checkpointer.finish(blocking=True)
         finally:
             bar.close()
             self.close_loggers()

@@ -1,5 +1,6 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE, DeepSeek-V3's multi-latent attention, a checkpoint saved and loaded into a fresh optimizer; over 2
+it (dense, MoE, DeepSeek-V3's multi-latent attention, a checkpoint saved asynchronously while training goes on and
+loaded into a fresh optimizer; over 2
 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all of them, every
 case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
@@ -43,9 +44,12 @@ SCRIPT = textwrap.dedent("""
     losses = train(actor, 3)
     assert losses[-1] < losses[0], losses
     if case == "checkpoint":   # saved, then loaded into a fresh actor: the next updates are the same, bit for bit
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
         from rlcore.megatron.checkpoint import load_model, save_model
-        save_model(actor, sys.argv[0] + ".ckpt")
+        pending = AsyncCallsQueue()
+        save_model(actor, sys.argv[0] + ".ckpt", pending=pending)   # written while the actor trains on
         expected = train(actor, 3)
+        pending.maybe_finalize_async_calls(blocking=True)
         fresh = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0], seed=1)
         load_model(fresh, sys.argv[0] + ".ckpt")
         resumed = train(fresh, 3)
@@ -57,7 +61,7 @@ CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
 CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
 CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
 CASES[compat.multi_latent_attention_without_transformer_engine.__name__] = "mla"
-for fix in (compat.synchronous_checkpoint_writes_without_a_manager_process,
+for fix in (compat.checkpoint_writes_without_a_spawned_manager,
             compat.optimizer_state_dict_before_the_first_step, compat.adam_step_not_copied_from_loaded_state,
             compat.adam_step_tensor_per_parameter_after_load):
     CASES[fix.__name__] = "checkpoint"

@@ -155,6 +155,9 @@ class TrainerConfig:
     loggers: List[str] = field(default_factory=lambda: ["console", "jsonl"])
     save_every: int = 0           # write a checkpoint every N steps into <run dir>/checkpoints (0 = never)
     keep_checkpoints: int = 2     # the newest N are kept
+    checkpoint_async: bool = True  # write a checkpoint's tensors in forked processes while training goes on (it
+                                  # becomes visible, renamed from .partial-*, at the next step boundary after the
+                                  # writes end); false: training waits for the write
     resume: str = ""              # auto: continue from the run dir's newest complete checkpoint, if any; latest: it
                                   # must exist; or a checkpoint directory. `rlcore run --resume <run dir>` sets it
     checkpoint_reshardable: bool = True   # false: the optimizer state is saved as each rank holds it, several times

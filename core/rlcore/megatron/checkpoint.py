@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlcore.megatron.optimizer_state import optimizer_sharded_state
+
 # How the distributed optimizer's state is laid out in a checkpoint. "fully_reshardable": layout-independent, so a
 # resume may change TP/PP/DP, at the cost of gathering it over data-parallel ranks first (gathered with gloo-capable
 # collectives, "mem_efficient", which CPU ranks need). "dp_reshardable": each rank's shard as it is, several times
@@ -29,6 +31,8 @@ def _sharded_state(trainable, loading: bool, with_optimizer: bool = True, shardi
     model = trainable.model.sharded_state_dict(metadata=metadata)
     if not with_optimizer:
         return {"model": model}
+    if sharding == RESHARDABLE and not loading:
+        return {"model": model, "optimizer": optimizer_sharded_state(trainable.optimizer, model)}
     return {"model": model,
             "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
 
@@ -40,9 +44,14 @@ def optimizer_has_state(trainable) -> bool:
     return any(len(o.state) for o in inner)
 
 
-def save_model(trainable, directory: str, sharding: str = RESHARDABLE) -> bool:
+def save_model(trainable, directory: str, sharding: str = RESHARDABLE, pending=None) -> bool:
     """Collective: every rank of the model's world writes its shards into ``directory``; the optimizer's only once it
-    has state. Returns whether it was saved (``load_model``'s ``with_optimizer``)."""
+    has state. Returns whether it was saved (``load_model``'s ``with_optimizer``).
+
+    With ``pending`` (megatron-core's ``AsyncCallsQueue``) the bytes are written by a forked process while training
+    goes on: the fork is the snapshot (host tensors are copy-on-write; megatron-core copies device tensors to the
+    host before it forks), and the checkpoint is complete only once ``pending.maybe_finalize_async_calls`` has
+    finalized it on every rank."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
 
@@ -50,9 +59,11 @@ def save_model(trainable, directory: str, sharding: str = RESHARDABLE) -> bool:
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
     with_optimizer = optimizer_has_state(trainable)
-    dist_checkpointing.save(_sharded_state(trainable, False, with_optimizer, sharding), directory,
-                            sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
-                            validate_access_integrity=True, async_sharded_save=False)
+    request = dist_checkpointing.save(_sharded_state(trainable, False, with_optimizer, sharding), directory,
+                                      sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
+                                      validate_access_integrity=True, async_sharded_save=pending is not None)
+    if pending is not None:
+        pending.schedule_async_request(request)
     return with_optimizer
 
 

@@ -8,7 +8,7 @@ from rlcore.megatron.attention import have_transformer_engine
 
 def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
-    synchronous_checkpoint_writes_without_a_manager_process()
+    checkpoint_writes_without_a_spawned_manager()
     checkpoint_loading_never_unpickles_code()
     if not have_transformer_engine():
         sequence_parallel_torch_norms()
@@ -66,24 +66,29 @@ def multi_latent_attention_without_transformer_engine() -> None:
     multi_latent_attention.HAVE_TE = False
 
 
-def synchronous_checkpoint_writes_without_a_manager_process() -> None:
+def checkpoint_writes_without_a_spawned_manager() -> None:
     """The first checkpoint save starts a ``multiprocessing`` Manager through the *spawn* context to carry write
-    results back from an asynchronous writer process; spawn re-imports ``__main__``, so a save from any script
-    without an ``if __name__ == "__main__"`` guard (a user's, a Ray worker's) dies with EOFError, and the Manager
-    costs seconds. rlcore saves synchronously: the results never leave the process, so an in-process queue does."""
-    import queue
+    results back from the writer processes; spawn re-imports ``__main__``, so a save from any script without an
+    ``if __name__ == "__main__"`` guard (a user's, a Ray worker's) dies with EOFError, and starting it costs seconds.
+    The writers are forked (megatron-core's non-persistent async caller and the synchronous save's workers), so a
+    Manager forked from this process serves them, in milliseconds. (A plain pipe-backed queue does not: a put from
+    this process reaches the pipe only later, through a feeder thread, and a forked writer's put of more than a pipe
+    buffer of results would block its exit until read.)"""
+    import multiprocessing
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if getattr(filesystem_async._get_write_results_queue, "_rlcore", False):
         return
-    results: queue.Queue = queue.Queue()
+    results: list = []
 
-    def in_process_queue():
-        return results
+    def forked_manager_queue():
+        if not results:
+            results.append(multiprocessing.get_context("fork").Manager().Queue())
+        return results[0]
 
-    in_process_queue._rlcore = True  # type: ignore[attr-defined]
-    filesystem_async._get_write_results_queue = in_process_queue
+    forked_manager_queue._rlcore = True  # type: ignore[attr-defined]
+    filesystem_async._get_write_results_queue = forked_manager_queue
 
 
 # what torch.distributed.checkpoint's `.metadata` pickle may name: its own metadata classes and torch's type names

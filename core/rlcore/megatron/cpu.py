@@ -250,6 +250,13 @@ def checkpoint_writer_without_cuda_sync():
 
 
 @_shim("checkpoint")
+def checkpoint_async_writes_on_cpu():
+    """An asynchronous save calls ``torch.cuda.synchronize()`` before it forks its writer, and all-reduces its
+    completion flags built on ``torch.cuda.current_device()``."""
+    _cpu_torch_in("megatron.core.dist_checkpointing.strategies.async_utils")
+
+
+@_shim("checkpoint")
 def checkpoint_saver_flags_on_cpu():
     """The save's cached-plan check and node-failure check all-reduce flags built with ``device='cuda'``."""
     _cpu_torch_in("megatron.core.dist_checkpointing.strategies.state_dict_saver")

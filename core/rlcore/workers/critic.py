@@ -53,9 +53,9 @@ class CriticWorker(Worker):
         finally:
             self.sleep()
 
-    def save_checkpoint(self, directory: str) -> None:
-        with self.awake():
-            super().save_checkpoint(directory)
+    def save_checkpoint(self, directory: str, asynchronous: bool = False) -> None:
+        with self.awake():     # an asynchronous save's writer has its snapshot once this returns
+            super().save_checkpoint(directory, asynchronous)
 
     def load_checkpoint(self, directory: str) -> dict:
         with self.awake():

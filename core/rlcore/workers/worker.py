@@ -77,17 +77,32 @@ class Worker:
         self.registry = load_plugins(plugin_names).registry
         self.algorithm = self.registry.get("algorithms", cfg.algorithm["name"])
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        self.pending_saves = None     # asynchronous checkpoint writes (megatron-core's AsyncCallsQueue)
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str, asynchronous: bool = False) -> None:
         """Collective: the model's and optimizer's shards (``directory``/model), and per rank its update count and
-        random generators (``directory``/rank<r>.json)."""
+        random generators (``directory``/rank<r>.json). ``asynchronous``: the shards are written while training
+        goes on, complete once ``finish_checkpoint`` says so."""
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
         from rlcore.megatron.checkpoint import RESHARDABLE, SAME_LAYOUT, rng_state, save_model, write_json
 
         sharding = RESHARDABLE if self.cfg.trainer.checkpoint_reshardable else SAME_LAYOUT
-        with_optimizer = save_model(self.trainable, os.path.join(directory, "model"), sharding)
+        if asynchronous and self.pending_saves is None:
+            self.pending_saves = AsyncCallsQueue()
+        with_optimizer = save_model(self.trainable, os.path.join(directory, "model"), sharding,
+                                    self.pending_saves if asynchronous else None)
         write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
                    {"updates": self.trainable.updates, "rng": rng_state(), "optimizer_sharding": sharding,
                     "with_optimizer": with_optimizer, **self.checkpoint_extras()})
+
+    def finish_checkpoint(self, blocking: bool) -> bool:
+        """Collective: finalize an asynchronous save whose writes are done on every rank (all of them: ``blocking``);
+        returns whether none is left pending."""
+        if self.pending_saves is None:
+            return True
+        self.pending_saves.maybe_finalize_async_calls(blocking=blocking)
+        return self.pending_saves.get_num_unfinalized_calls() == 0
 
     def checkpoint_extras(self) -> dict:
         """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
