@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlcore.megatron.optimizer_state import optimizer_sharded_state
+from rlcore.megatron.optimizer_state import fill_main_params, optimizer_sharded_state, without_absent_main_params
 
 # How the distributed optimizer's state is laid out in a checkpoint. "fully_reshardable": layout-independent, so a
 # resume may change TP/PP/DP, at the cost of gathering it over data-parallel ranks first (gathered with gloo-capable
@@ -73,11 +73,15 @@ def load_model(trainable, directory: str, with_optimizer: bool = True, sharding:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    loaded = dist_checkpointing.load(_sharded_state(trainable, True, with_optimizer, sharding), directory,
-                                     sharded_strategy=get_default_load_sharded_strategy(directory),
+    request = _sharded_state(trainable, True, with_optimizer, sharding)
+    model_request = dict(request["model"])       # the load replaces the request's entries with tensors
+    taken = without_absent_main_params(request.get("optimizer", {}),
+                                       dist_checkpointing.load_tensors_metadata(directory).keys())
+    loaded = dist_checkpointing.load(request, directory, sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     trainable.model.load_state_dict(loaded["model"], strict=True)
     if with_optimizer:
+        fill_main_params(taken, model_request, loaded["model"])
         # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
         with torch.no_grad():
             trainable.optimizer.load_state_dict(loaded["optimizer"])

@@ -7,8 +7,12 @@ is written, even at DP1 (docs/benchmarks.md). The format itself is simple: for e
 copy and Adam moments shaped like the parameter, under ``optimizer.state.<param|exp_avg|exp_avg_sq>.<model key>`` with
 the parameter's own TP/PP sharding. Here each parameter's state is written by the data-parallel rank that holds it,
 as views (no copy) where one rank holds all of it; only a parameter split across ranks' shards (at most one per shard
-boundary) is sent to the rank holding its first element. megatron-core's own loader reads the result unchanged, at
-any layout.
+boundary) is sent to the rank holding its first element.
+
+One difference: where the model trains in fp32, megatron-core's "main copy" of a parameter is the parameter itself,
+and its format would store those bytes twice (a quarter of an Adam checkpoint). They are left out here, and
+``fill_main_params`` puts the model's loaded weights in their place on load; megatron-core's own loader then reads the
+rest at any layout.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 STATE_KEYS = ("param", "exp_avg", "exp_avg_sq")
+MAIN_PARAM = "optimizer.state.param."     # the prefix of a main copy's key, before the model parameter's key
 
 
 def optimizer_sharded_state(optimizer, model_sharded: dict) -> dict:
@@ -74,7 +79,8 @@ def _param_state(dist_opt, by_param: dict) -> dict:
         if dp_rank not in [rank for rank, _, _ in pieces]:
             continue
         local = dist_opt._get_main_param_and_optimizer_states(param)
-        held = {key: local[key] if key in local else torch.zeros_like(local["param"]) for key in STATE_KEYS}
+        keys = [k for k in STATE_KEYS if k != "param" or not _same_storage(local["param"], param)]
+        held = {key: local[key] if key in local else torch.zeros_like(local["param"]) for key in keys}
         mine = _gather_to_owner(held, pieces, owner, dp_rank, param.numel(), group) if len(pieces) > 1 else held
         if mine is None:
             continue
@@ -94,14 +100,18 @@ def _param_state(dist_opt, by_param: dict) -> dict:
     return state
 
 
+def _same_storage(main: torch.Tensor, param: torch.Tensor) -> bool:
+    return main.untyped_storage().data_ptr() == param.untyped_storage().data_ptr()
+
+
 def _gather_to_owner(mine: dict, pieces: list, owner: int, dp_rank: int, numel: int, group) -> dict | None:
     """A parameter whose state is split across data-parallel ranks, whole on ``owner`` (None elsewhere)."""
     if dp_rank != owner:
-        for key in STATE_KEYS:
+        for key in mine:
             dist.send(mine[key].float().contiguous(), dist.get_global_rank(group, owner), group=group)
         return None
     whole = {}
-    for key in STATE_KEYS:
+    for key in mine:
         whole[key] = torch.empty(numel, dtype=torch.float32)
         for rank, lo, hi in pieces:
             if rank == owner:
@@ -109,3 +119,28 @@ def _gather_to_owner(mine: dict, pieces: list, owner: int, dp_rank: int, numel: 
             else:
                 dist.recv(whole[key][lo:hi], dist.get_global_rank(group, rank), group=group)
     return whole
+
+
+def without_absent_main_params(request: dict, saved_keys) -> list:
+    """Take out of an optimizer load ``request`` (megatron-core's fully_reshardable, ``is_loading=True``) the main
+    copies a checkpoint does not hold (``saved_keys``: its tensor keys); returns where they were, for
+    ``fill_main_params``."""
+    taken = []
+
+    def walk(tree):
+        for name, value in list(tree.items()) if isinstance(tree, dict) else []:
+            key = getattr(value, "key", None)
+            if isinstance(key, str) and MAIN_PARAM in key and key not in saved_keys:
+                taken.append((tree, name, key.split(MAIN_PARAM, 1)[1]))
+                del tree[name]
+            else:
+                walk(value)
+    walk(request)
+    return taken
+
+
+def fill_main_params(taken: list, model_request: dict, model_loaded: dict) -> None:
+    """Put the model's loaded weights where ``without_absent_main_params`` took main copies out."""
+    by_key = {sharded.key: model_loaded[name] for name, sharded in model_request.items() if hasattr(sharded, "key")}
+    for tree, name, model_key in taken:
+        tree[name] = by_key[model_key]
