@@ -5,9 +5,8 @@
 For each layout (torchrun, one process per rank, gloo) every rank builds its Megatron shard with its distributed
 Adam optimizer, takes one update (so the optimizer has its moments), then alternates ``--repeats`` times:
 ``rlcore.megatron.checkpoint.save_model`` (megatron-core distributed checkpointing, torch_dist, fsync'd) into a fresh
-directory in each optimizer format, synchronously (``reshardable``: fully_reshardable, the default; ``same-layout``:
-dp_reshardable, trainer.checkpoint_reshardable=false); the default asynchronous save (reshardable): the seconds
-until training could go on (``async stall``) and until the write is finalized; and the floor: the same rank writing
+directory, synchronously (``sync``: trainer.checkpoint_async=false) and asynchronously (the default: the seconds
+until training could go on, ``async stall``, and until the write is finalized); and the floor: the same rank writing
 the same tensors (its model shard's parameters and its optimizer state) as raw bytes into one file with an fsync.
 Prints seconds (median, after barriers: the slowest rank), the bytes each wrote, and the ratios to the floor.
 Goal: the asynchronous save stalls training no longer than the floor (ratio <= 1).
@@ -57,7 +56,7 @@ def rank_main(args) -> None:
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
-    from rlcore.megatron.checkpoint import RESHARDABLE, SAME_LAYOUT, save_model
+    from rlcore.megatron.checkpoint import save_model
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
@@ -73,8 +72,7 @@ def rank_main(args) -> None:
                                                      if torch.is_tensor(t) and t.dim() > 0]
     rank = dist.get_rank()
     pending = AsyncCallsQueue()
-    saves: dict[str, list[float]] = {RESHARDABLE: [], SAME_LAYOUT: []}
-    stalls, async_totals = [], []
+    saves, stalls, async_totals = [], [], []
     floors, floor_bytes, save_bytes = [], 0, 0
     for i in range(args.repeats):     # each output removed before the next write: no writeback left over
         start = time.perf_counter()
@@ -82,20 +80,19 @@ def rank_main(args) -> None:
         dist.barrier()
         floors.append(time.perf_counter() - start)
         os.remove(os.path.join(args.dir, f"floor.rank{rank}"))
-        for sharding, times in saves.items():
-            target = os.path.join(args.dir, sharding)
-            dist.barrier()
-            start = time.perf_counter()
-            save_model(actor, target, sharding)
-            dist.barrier()
-            times.append(time.perf_counter() - start)
-            if rank == 0:
-                save_bytes = directory_bytes(target) if sharding == RESHARDABLE else save_bytes
-                shutil.rmtree(target)
+        target = os.path.join(args.dir, "sync")
+        dist.barrier()
+        start = time.perf_counter()
+        save_model(actor, target)
+        dist.barrier()
+        saves.append(time.perf_counter() - start)
+        if rank == 0:
+            save_bytes = directory_bytes(target)
+            shutil.rmtree(target)
         target = os.path.join(args.dir, "async")
         dist.barrier()
         start = time.perf_counter()
-        save_model(actor, target, RESHARDABLE, pending)
+        save_model(actor, target, pending)
         stall = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(stall, op=dist.ReduceOp.MAX)
         stalls.append(stall.item())
@@ -107,8 +104,7 @@ def rank_main(args) -> None:
     total_floor = torch.tensor([float(floor_bytes)])
     dist.all_reduce(total_floor)
     if rank == 0:
-        print(json.dumps({"save_s": statistics.median(saves[RESHARDABLE]),
-                          "fast_s": statistics.median(saves[SAME_LAYOUT]), "floor_s": statistics.median(floors),
+        print(json.dumps({"save_s": statistics.median(saves), "floor_s": statistics.median(floors),
                           "stall_s": statistics.median(stalls), "async_s": statistics.median(async_totals),
                           "save_bytes": save_bytes,
                           "floor_bytes": int(total_floor.item()),
@@ -119,7 +115,7 @@ def rank_main(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layouts", default="tp1,tp2")
+    parser.add_argument("--layouts", default="tp1,tp2,dp2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
@@ -128,9 +124,8 @@ def main() -> None:
     if args.rank:
         rank_main(args)
         return
-    print(f"{'layout':<8} {'params':>7} {'floor s':>8} {'reshardable s':>14} {'same-layout s':>14} "
-          f"{'async stall s':>14} {'async total s':>14} {'save MB':>8} {'floor MB':>9}   ratios to the floor: "
-          f"reshardable, same-layout, async stall")
+    print(f"{'layout':<8} {'params':>7} {'floor s':>8} {'sync s':>7} {'async stall s':>14} {'async total s':>14} "
+          f"{'save MB':>8} {'floor MB':>9}   ratios to the floor: sync, async stall")
     for name in args.layouts.split(","):
         world, tp = LAYOUTS[name]
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -141,10 +136,9 @@ def main() -> None:
                 errors = [line for line in out.stderr.splitlines() if "Error" in line and "error_file" not in line]
                 sys.exit("\n".join(errors[-20:]) + "\n" + out.stderr[-2000:])
             r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-        print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>14.2f} {r['fast_s']:>14.2f} "
-              f"{r['stall_s']:>14.2f} {r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
-              f"   {r['save_s'] / r['floor_s']:.1f}x, {r['fast_s'] / r['floor_s']:.1f}x, "
-              f"{r['stall_s'] / r['floor_s']:.2f}x")
+        print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>7.2f} {r['stall_s']:>14.2f} "
+              f"{r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
+              f"   {r['save_s'] / r['floor_s']:.1f}x, {r['stall_s'] / r['floor_s']:.2f}x")
 
 
 if __name__ == "__main__":

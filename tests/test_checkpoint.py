@@ -18,8 +18,7 @@ STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
     "grpo": [],
     "ppo": ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_target=0.01"],
-    "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2",
-                "trainer.checkpoint_reshardable=false"],     # the faster same-layout format
+    "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"],
 }
 
 
@@ -224,8 +223,6 @@ def run_with_a_checkpoint(tmp_path_factory):
     ({"hidden_size": 64}, "is of another architecture than model.path: hidden_size 64 -> 32"),
     ({"plugins": "ppo"}, "was written with plugins builtin,grpo,ppo,qwen3,vllm; this run loads builtin,grpo,qwen3,vllm "
                          "(select them with --plugins)"),
-    ({"same_layout_tp": 2}, "was saved with trainer.checkpoint_reshardable=false and resumes only at its own layout: "
-                            "actor.parallel.tp=2 (now 1)"),
 ])
 def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_with_a_checkpoint, change, message):
     run_dir, state_file, state = run_with_a_checkpoint
@@ -236,15 +233,12 @@ def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_
         saved["model"]["hf_config"]["hidden_size"] = change["hidden_size"]
     if "plugins" in change:
         saved["plugins"].append({"name": change["plugins"]})
-    if "same_layout_tp" in change:
-        saved["config"]["trainer"]["checkpoint_reshardable"] = False
-        saved["config"]["actor"]["parallel"]["tp"] = change["same_layout_tp"]
     state_file.write_text(json.dumps(saved))
     result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "--resume",
                              str(run_dir)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
-    force = "" if "same_layout_tp" in change else "; resume anyway with trainer.resume_strict=false"
+    force = "; resume anyway with trainer.resume_strict=false"
     assert errors == [f"rlcore: error: checkpoint {state_file.parent} {message}{force}"], result.stderr[-3000:]
 
 

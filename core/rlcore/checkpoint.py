@@ -117,18 +117,9 @@ class Checkpointer:
 
 def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict) -> None:
     """Refuse, before any worker starts, a checkpoint of another model family, architecture or plugin set, naming
-    the difference and the override that resumes anyway (``trainer.resume_strict=false``); and, whatever the
-    override, a same-layout checkpoint (``trainer.checkpoint_reshardable=false``) at another parallel layout."""
+    the difference and the override that resumes anyway (``trainer.resume_strict=false``)."""
     with open(os.path.join(path, STATE)) as f:
         saved = json.load(f)
-    if not saved["config"]["trainer"]["checkpoint_reshardable"]:
-        layout = lambda c: {f"{model}.parallel.{k}": c[model]["parallel"][k]  # noqa: E731
-                            for model in ("actor", "critic") for k in ("tp", "pp", "ep", "cp")}
-        was, now = layout(saved["config"]), layout(config)
-        changed = [f"{k}={was[k]} (now {now[k]})" for k in was if was[k] != now[k]]
-        if changed:
-            raise ConfigError(f"checkpoint {path} was saved with trainer.checkpoint_reshardable=false and resumes "
-                              f"only at its own layout: {', '.join(changed)}")
     if not config["trainer"]["resume_strict"]:
         return
     force = "; resume anyway with trainer.resume_strict=false"

@@ -160,8 +160,6 @@ class TrainerConfig:
                                   # writes end); false: training waits for the write
     resume: str = ""              # auto: continue from the run dir's newest complete checkpoint, if any; latest: it
                                   # must exist; or a checkpoint directory. `rlcore run --resume <run dir>` sets it
-    checkpoint_reshardable: bool = True   # false: the optimizer state is saved as each rank holds it, several times
-                                  # faster, but the run can resume only at the same parallel layout
     resume_strict: bool = True    # refuse a checkpoint of another model family, architecture or plugin set
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
 

@@ -15,26 +15,25 @@ import torch.distributed as dist
 
 from rlcore.megatron.optimizer_state import fill_main_params, optimizer_sharded_state, without_absent_main_params
 
-# How the distributed optimizer's state is laid out in a checkpoint. "fully_reshardable": layout-independent, so a
-# resume may change TP/PP/DP, at the cost of gathering it over data-parallel ranks first (gathered with gloo-capable
-# collectives, "mem_efficient", which CPU ranks need). "dp_reshardable": each rank's shard as it is, several times
-# faster to save (docs/benchmarks.md) but loadable only at the same TP/PP. (megatron-core 0.16.1's default,
-# "fully_sharded_model_space", no longer saves.)
-RESHARDABLE, SAME_LAYOUT = "fully_reshardable", "dp_reshardable"
+# The distributed optimizer's state is saved per model parameter, in megatron-core's "fully_reshardable" layout, so
+# that a resume may change TP/PP/DP: built by rlcore.megatron.optimizer_state on save, read by megatron-core on load
+# (gloo-capable, "mem_efficient", as CPU ranks need). Its per-rank "dp_reshardable" layout was no faster to save
+# once the gather was gone (docs/benchmarks.md); megatron-core 0.16.1's default, "fully_sharded_model_space", no
+# longer saves.
+LOAD_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
-def _sharded_state(trainable, loading: bool, with_optimizer: bool = True, sharding: str = RESHARDABLE) -> dict:
+def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
     from megatron.core import parallel_state as mpu
 
-    metadata = {"distrib_optim_sharding_type": sharding, "distrib_optim_fully_reshardable_mem_efficient": True,
-                "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
+    metadata = {**LOAD_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
     model = trainable.model.sharded_state_dict(metadata=metadata)
     if not with_optimizer:
         return {"model": model}
-    if sharding == RESHARDABLE and not loading:
+    if not loading:
         return {"model": model, "optimizer": optimizer_sharded_state(trainable.optimizer, model)}
-    return {"model": model,
-            "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=loading, metadata=metadata)}
+    return {"model": model, "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=True,
+                                                                                metadata=metadata)}
 
 
 def optimizer_has_state(trainable) -> bool:
@@ -44,7 +43,7 @@ def optimizer_has_state(trainable) -> bool:
     return any(len(o.state) for o in inner)
 
 
-def save_model(trainable, directory: str, sharding: str = RESHARDABLE, pending=None) -> bool:
+def save_model(trainable, directory: str, pending=None) -> bool:
     """Collective: every rank of the model's world writes its shards into ``directory``; the optimizer's only once it
     has state. Returns whether it was saved (``load_model``'s ``with_optimizer``).
 
@@ -59,7 +58,7 @@ def save_model(trainable, directory: str, sharding: str = RESHARDABLE, pending=N
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
     with_optimizer = optimizer_has_state(trainable)
-    request = dist_checkpointing.save(_sharded_state(trainable, False, with_optimizer, sharding), directory,
+    request = dist_checkpointing.save(_sharded_state(trainable, False, with_optimizer), directory,
                                       sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
                                       validate_access_integrity=True, async_sharded_save=pending is not None)
     if pending is not None:
@@ -67,13 +66,12 @@ def save_model(trainable, directory: str, sharding: str = RESHARDABLE, pending=N
     return with_optimizer
 
 
-def load_model(trainable, directory: str, with_optimizer: bool = True, sharding: str = RESHARDABLE) -> None:
-    """Collective: the weights (and optimizer state) saved by ``save_model`` with ``sharding``, at this process
-    group's layout."""
+def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
+    """Collective: the weights (and optimizer state) saved by ``save_model``, at this process group's layout."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    request = _sharded_state(trainable, True, with_optimizer, sharding)
+    request = _sharded_state(trainable, True, with_optimizer)
     model_request = dict(request["model"])       # the load replaces the request's entries with tensors
     taken = without_absent_main_params(request.get("optimizer", {}),
                                        dist_checkpointing.load_tensors_metadata(directory).keys())

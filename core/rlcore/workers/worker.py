@@ -85,15 +85,14 @@ class Worker:
         goes on, complete once ``finish_checkpoint`` says so."""
         from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
-        from rlcore.megatron.checkpoint import RESHARDABLE, SAME_LAYOUT, rng_state, save_model, write_json
+        from rlcore.megatron.checkpoint import rng_state, save_model, write_json
 
-        sharding = RESHARDABLE if self.cfg.trainer.checkpoint_reshardable else SAME_LAYOUT
         if asynchronous and self.pending_saves is None:
             self.pending_saves = AsyncCallsQueue()
-        with_optimizer = save_model(self.trainable, os.path.join(directory, "model"), sharding,
+        with_optimizer = save_model(self.trainable, os.path.join(directory, "model"),
                                     self.pending_saves if asynchronous else None)
         write_json(os.path.join(directory, f"rank{torch.distributed.get_rank()}.json"),
-                   {"updates": self.trainable.updates, "rng": rng_state(), "optimizer_sharding": sharding,
+                   {"updates": self.trainable.updates, "rng": rng_state(),
                     "with_optimizer": with_optimizer, **self.checkpoint_extras()})
 
     def finish_checkpoint(self, blocking: bool) -> bool:
@@ -115,8 +114,7 @@ class Worker:
 
         mine = os.path.join(directory, f"rank{torch.distributed.get_rank()}.json")
         state = read_json(mine if os.path.exists(mine) else os.path.join(directory, "rank0.json"))
-        load_model(self.trainable, os.path.join(directory, "model"), state["with_optimizer"],
-                   state["optimizer_sharding"])
+        load_model(self.trainable, os.path.join(directory, "model"), state["with_optimizer"])
         self.trainable.updates = state["updates"]
         set_rng_state(state["rng"])
         return state
