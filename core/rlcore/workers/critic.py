@@ -71,7 +71,8 @@ class CriticWorker(Worker):
         def loss_fn(values, mb):
             mask = mb["response_mask"]
             per_token, m = self.algorithm.value_loss(values, mb["values"], mb["returns"], mask, self.algo_cfg)
-            return aggregate(per_token, mask, mode, total_tokens, total_sequences), m
+            return aggregate(per_token, mask, mode, total_tokens, total_sequences,
+                             self.cfg.rollout.max_response_len), m
 
         return self.critic.train_step(share, loss_fn)
 

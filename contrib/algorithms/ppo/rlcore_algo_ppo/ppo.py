@@ -39,10 +39,6 @@ class PPOConfig:
 
     def __post_init__(self):
         check_policy_loss_options(self)
-        if self.loss_agg_mode == "seq-mean-token-sum-norm":   # until CriticWorker passes the constant to aggregate
-            raise ConfigError("algorithm.loss_agg_mode = 'seq-mean-token-sum-norm' is not available for PPO yet (the "
-                              "critic's value loss shares the mode): use token-mean, seq-mean-token-mean or "
-                              "seq-mean-token-sum")
         if self.kl_as not in KL_PLACES:
             raise ConfigError(f"algorithm.kl_as = {self.kl_as!r}: use one of {', '.join(KL_PLACES)}")
         for key in ("gamma", "lam"):
