@@ -136,8 +136,8 @@ def main() -> None:
                 errors = [line for line in out.stderr.splitlines() if "Error" in line and "error_file" not in line]
                 sys.exit("\n".join(errors[-20:]) + "\n" + out.stderr[-2000:])
             r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-        print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>7.2f} {r['stall_s']:>14.2f} "
-              f"{r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
+        print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>7.2f} "
+              f"{r['stall_s']:>14.2f} {r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
               f"   {r['save_s'] / r['floor_s']:.1f}x, {r['stall_s'] / r['floor_s']:.2f}x")
 
 

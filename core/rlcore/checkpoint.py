@@ -5,7 +5,8 @@ controller's state (``rlcore_checkpoint.json``: step, task sampler, algorithm st
 A checkpoint is written under ``.partial-step_<N>-<pid>`` and renamed into place once complete, so a run killed
 mid-save leaves the previous checkpoint as the newest complete one; only directories named ``step_<N>`` with the
 state file count. By default the tensors are written asynchronously: training goes on while forked writers write
-them, and the rename happens at the first step boundary after every rank's writes are done (``Checkpointer.finish``). No checkpoint file holds pickled code: tensors go through torch_dist, everything else is JSON.
+them, and the rename happens at the first step boundary after every rank's writes are done (``Checkpointer.finish``).
+No checkpoint file holds pickled code: tensors go through torch_dist, everything else is JSON.
 """
 from __future__ import annotations
 

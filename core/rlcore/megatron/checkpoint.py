@@ -20,7 +20,8 @@ from rlcore.megatron.optimizer_state import fill_main_params, optimizer_sharded_
 # (gloo-capable, "mem_efficient", as CPU ranks need). Its per-rank "dp_reshardable" layout was no faster to save
 # once the gather was gone (docs/benchmarks.md); megatron-core 0.16.1's default, "fully_sharded_model_space", no
 # longer saves.
-LOAD_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "distrib_optim_fully_reshardable_mem_efficient": True}
+LOAD_METADATA = {"distrib_optim_sharding_type": "fully_reshardable",
+                 "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
 def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
