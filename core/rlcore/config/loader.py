@@ -88,9 +88,11 @@ _RULES = [  # (key, predicate, what is allowed)
     ("run.seed", lambda v: v >= 0, "an integer >= 0"),
     *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic") for key, ok, allowed in [
         ("micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
+        ("max_tokens_per_micro_batch", lambda v: v >= 0, "an integer >= 0 (0 = micro_batch_size rows each)"),
         ("mini_batches", lambda v: v >= 1, "an integer >= 1"),
         ("epochs", lambda v: v >= 1, "an integer >= 1"),
         ("dtype", lambda v: v in ("float32", "bfloat16"), "float32 or bfloat16"),
+        ("recompute", lambda v: v in ("none", "selective", "full"), "none, selective or full"),
         ("optim.lr", lambda v: v > 0, "a number > 0"),
         ("optim.lr_warmup_steps", lambda v: v >= 0, "an integer >= 0"),
         ("optim.lr_schedule", lambda v: v in ("constant", "cosine", "linear"), "constant, cosine or linear"),

@@ -86,9 +86,13 @@ class OffloadConfig:
 class TrainedModelConfig:
     """What every trained Megatron model (actor, critic) sets: batching, precision, optimizer, layout, offload."""
     micro_batch_size: int = 64    # sequences per forward/backward pass
+    max_tokens_per_micro_batch: int = 0   # > 0: instead, micro-batches of rows of similar length, at most this many
+                                  # tokens each counting padding (fewer padded tokens for long-tailed responses)
     mini_batches: int = 1         # optimizer updates per rollout batch
     epochs: int = 1               # passes over each rollout batch
     dtype: str = "float32"        # float32 | bfloat16
+    recompute: str = "none"       # none | selective | full: activations recomputed in the backward pass instead of
+                                  # kept (selective: core attention; full: every transformer layer's input only)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)

@@ -34,14 +34,23 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
+# actor/critic.recompute -> megatron-core's activation recompute options. selective: the core attention's
+# activations (the [heads x seq x seq] scores) are recomputed; full: each transformer layer keeps only its input and
+# reruns its forward in the backward pass.
+RECOMPUTE: dict[str, dict] = {
+    "none": {}, "selective": {"recompute_granularity": "selective"},
+    "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
+
+
 def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32", *, tp: int = 1, pp: int = 1,
-                       cp: int = 1, ep: int = 1, sequence_parallel: bool = False, last_stage_layers: int = 0):
+                       cp: int = 1, ep: int = 1, sequence_parallel: bool = False, last_stage_layers: int = 0,
+                       recompute: str = "none"):
     """The plugin's TransformerConfig for these parallel sizes (Megatron validates them on construction)."""
     torch_dtype = DTYPES[dtype]
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
                      use_cpu_initialization=False, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                      context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
-                     expert_tensor_parallel_size=1)
+                     expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
     if last_stage_layers:
         overrides["num_layers_in_last_pipeline_stage"] = last_stage_layers
     if not torch.cuda.is_available():
@@ -63,7 +72,7 @@ def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32")
 
 
 def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,
-              last_stage_layers: int = 0):
+              last_stage_layers: int = 0, recompute: str = "none"):
     """The local (this rank's) GPTModel and the converter bound to it."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
@@ -72,7 +81,7 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
                                 pp=mpu.get_pipeline_model_parallel_world_size(),
                                 cp=mpu.get_context_parallel_world_size(),
                                 ep=mpu.get_expert_model_parallel_world_size(), sequence_parallel=sequence_parallel,
-                                last_stage_layers=last_stage_layers)
+                                last_stage_layers=last_stage_layers, recompute=recompute)
     model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
                      post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
     for module in model.modules():   # expert layers know they are; their parameters say so only when EP > 1
