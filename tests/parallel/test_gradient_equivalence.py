@@ -1,5 +1,6 @@
 """One optimizer step on the same batch gives the same weights in every layout as in one process: the loss shares,
-micro-batching, data-parallel averaging and context-parallel split add up to exactly the global loss's gradient.
+micro-batching (fixed-size, or token-budget micro-batches of rows of similar length, cut to their longest row),
+data-parallel averaging and context-parallel split add up to exactly the global loss's gradient.
 The actor's loss includes an entropy bonus (vocab-parallel under TP); the critic's value head is checked the same
 way, through its values after one step.
 
@@ -9,7 +10,6 @@ optimizer supports only Adam.)"""
 import textwrap
 
 import pytest
-import torch
 from ranks import run_ranks
 from safetensors.torch import load_file
 
@@ -28,12 +28,12 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    out, path, role, tp, pp, cp, mbs, sp = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:9])
+    out, path, role, tp, pp, cp, mbs, sp, tokens = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:10])
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
     cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)),
-                      entropy_coef=0.1)
+                      entropy_coef=0.1, max_tokens_per_micro_batch=tokens)
     model = (MegatronActor if role == "actor" else MegatronCritic)(QWEN3, hf, cfg, SPECS[0],
                                                                   hf_state=read_hf_weights(path))
     g = torch.Generator().manual_seed(0)
@@ -62,26 +62,33 @@ RANK_SCRIPT = textwrap.dedent("""
     shutdown_parallel()
 """)
 
-LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel)
-    "one-process-microbatched": (1, 1, 1, 1, 3, 0),
-    "dp2": (2, 1, 1, 1, 4, 0),
-    "tp2": (2, 2, 1, 1, 8, 0),
-    "tp2-sp": (2, 2, 1, 1, 8, 1),
-    "pp2": (2, 1, 2, 1, 2, 0),
-    "cp2": (2, 1, 1, 2, 8, 0),
+LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel, token budget per micro-batch)
+    "one-process-microbatched": (1, 1, 1, 1, 3, 0, 0),
+    "dp2": (2, 1, 1, 1, 4, 0, 0),
+    "tp2": (2, 2, 1, 1, 8, 0, 0),
+    "tp2-sp": (2, 2, 1, 1, 8, 1, 0),
+    "pp2": (2, 1, 2, 1, 2, 0, 0),
+    "cp2": (2, 1, 1, 2, 8, 0, 0),
+    # sequences of 5 to 10 tokens, 20 tokens per micro-batch: 2 to 4 rows each, as wide as their longest row; the
+    # two DP2 shares pack into different numbers of micro-batches until evened out
+    "budget": (1, 1, 1, 1, 1, 0, 20),
+    "budget-dp2": (2, 1, 1, 1, 1, 0, 20),
+    "budget-tp2": (2, 2, 1, 1, 1, 0, 20),
+    "budget-pp2": (2, 1, 2, 1, 1, 0, 20),
 }
+BUDGETS = [name for name, layout in LAYOUTS.items() if layout[-1]]
 
 
-def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, role="actor"):
+def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, tokens, role="actor"):
     return run_ranks(RANK_SCRIPT, tmp_path, procs, 29661, tmp_path / f"{role}-{name}.safetensors", checkpoint, role,
-                     tp, pp, cp, mbs, sp)
+                     tp, pp, cp, mbs, sp, tokens)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_qwen3):
     """The checkpoint both sides start from, and one step on the whole batch in one process."""
     tmp = tmp_path_factory.mktemp("grad")
-    return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0)
+    return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0, 0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -99,10 +106,10 @@ def test_one_step_equals_one_process(reference, layout):
 @pytest.fixture(scope="module")
 def critic_reference(reference):
     tmp, checkpoint, _ = reference
-    return one_step(tmp, "reference", checkpoint, 1, 1, 1, 1, 8, 0, role="critic")["values"]
+    return one_step(tmp, "reference", checkpoint, 1, 1, 1, 1, 8, 0, 0, role="critic")["values"]
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2-sp", "pp2", "cp2"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2-sp", "pp2", "cp2", *BUDGETS])
 def test_critic_values_after_training_equal_one_process(reference, critic_reference, layout):
     tmp, checkpoint, _ = reference
     expected = critic_reference

@@ -2,8 +2,10 @@
 forward/backward passes over micro-batches. The actor (logprobs) and the critic (values) differ only in what they
 read off the model's output per token (``token_outputs``).
 
-Every pass runs through Megatron's ``forward_backward_func`` over equal-sized micro-batches, so the same code serves
-every pipeline schedule. Each rank is given its data-parallel share.
+Every pass runs through Megatron's ``forward_backward_func`` over micro-batches, so the same code serves every
+pipeline schedule: ``micro_batch_size`` rows each, or, with ``max_tokens_per_micro_batch``, rows of similar length
+packed up to that many (padded) tokens, each micro-batch only as wide as its longest row, and as many on every
+data-parallel rank. Each rank is given its data-parallel share.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from rlcore.balance import split_to_count, token_budget_micro_batches
 from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch
 from rlcore.lr_schedule import learning_rate
@@ -83,13 +86,15 @@ class MegatronTrainable:
         # sequences are split into 2*cp chunks (CP) and each chunk over TP ranks (SP): pad to a multiple of both
         self.sequence_multiple = (2 * self.cp_size if self.cp_size > 1 else 1) * (cfg.parallel.tp if cfg.parallel.sp
                                                                                    else 1)
+        if cfg.max_tokens_per_micro_batch:      # pipeline stages then exchange each micro-batch's shape
+            self.model.config.variable_seq_lengths = True
 
     def build(self, hf_state: dict[str, torch.Tensor] | None):
         """This rank's GPTModel (weights from ``hf_state`` if given) and the converter bound to it."""
         from rlcore.megatron.model import build_gpt, load_hf_into
 
         model, converter = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
-                                     self.cfg.parallel.last_stage_layers)
+                                     self.cfg.parallel.last_stage_layers, self.cfg.recompute)
         if hf_state is not None:
             load_hf_into(model, converter, hf_state)
         return model, converter
@@ -139,9 +144,7 @@ class MegatronTrainable:
 
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        mbs = min(self.cfg.micro_batch_size, len(batch))
-        batch = _pad_columns(batch, self.sequence_multiple)
-        micro = _pad_rows(batch, mbs).split(mbs)
+        micro, rows = self._micro_batches(batch)
         outputs: list[torch.Tensor] = []
         # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the
         # schedule itself makes up for the average over context-parallel ranks)
@@ -171,9 +174,37 @@ class MegatronTrainable:
         with hook(model) if hook else nullcontext():
             results = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-                num_microbatches=len(micro), seq_length=batch["input_ids"].shape[1] // self.cp_size,
-                micro_batch_size=mbs, forward_only=forward_only)
-        return results, outputs
+                num_microbatches=len(micro), seq_length=max(m["input_ids"].shape[1] for m in micro) // self.cp_size,
+                micro_batch_size=max(len(m) for m in micro), forward_only=forward_only)
+        return results, list(zip(rows, outputs))
+
+    def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
+        """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).
+        Fixed size: ``micro_batch_size`` consecutive rows (the last one filled up with zero-mask copies: pipeline
+        schedules need equal shapes). Token budget: ``rlcore.balance`` packs rows longest first, the count is
+        raised to the data-parallel ranks' largest, and each micro-batch is cut to its longest row."""
+        from megatron.core import parallel_state as mpu
+
+        budget = self.cfg.max_tokens_per_micro_batch
+        if not budget:
+            mbs = min(self.cfg.micro_batch_size, len(batch))
+            rows = [list(range(i, min(i + mbs, len(batch)))) for i in range(0, len(batch), mbs)]
+            return _pad_rows(_pad_columns(batch, self.sequence_multiple), mbs).split(mbs), rows
+        width = batch["input_ids"].shape[1]
+        lengths = ((batch["prompt_len"] + batch["response_len"]).tolist() if "prompt_len" in batch.tensors
+                   else [width] * len(batch))
+        rows = token_budget_micro_batches(lengths, budget)
+        count = torch.tensor([len(rows)])
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group_gloo())
+        rows = split_to_count(rows, lengths, int(count.item()))
+        micro = []
+        for part in rows:
+            sub = batch.select(part or [0])
+            if not part:            # nothing left for this rank: a row that adds nothing keeps the count
+                sub.tensors["response_mask"] = torch.zeros_like(sub["response_mask"])
+            cut = min(width, max(lengths[i] for i in (part or [0])))
+            micro.append(_pad_columns(_select_columns(sub, torch.arange(cut)), self.sequence_multiple))
+        return micro, rows
 
     def _cp_index(self, length: int) -> torch.Tensor:
         from rlcore.megatron.attention import zigzag_positions
@@ -201,10 +232,12 @@ class MegatronTrainable:
         _, outputs = self._run(model, batch, None, forward_only=True, hook=hook)
         model.train(was_training)
         full_len = batch["input_ids"].shape[1]
-        if self.cp_size > 1 and outputs:
-            outputs = [self._cp_gather(o) for o in outputs]
-        result = (torch.cat(outputs)[: len(batch), :full_len] if outputs
-                  else torch.empty(batch["input_ids"].shape))
+        result = torch.zeros(batch["input_ids"].shape) if outputs else torch.empty(batch["input_ids"].shape)
+        for rows, output in outputs:
+            if self.cp_size > 1:
+                output = self._cp_gather(output)
+            width = min(full_len, output.shape[1])
+            result[rows, :width] = output[: len(rows), :width]
         if self.pp_size > 1:
             dist.broadcast(result, src=dist.get_global_rank(self.pp_group, self.pp_size - 1), group=self.pp_group)
         return result

@@ -1,0 +1,30 @@
+"""actor.max_tokens_per_micro_batch: rows of similar length packed up to the budget, each micro-batch only as wide
+as its longest row, every row exactly once; the per-token outputs equal the fixed-size micro-batches' outputs."""
+import torch
+
+from rlcore.config.schema import ActorConfig
+from rlcore.data import Batch, build_sequences
+from rlcore.megatron.actor import MegatronActor
+from rlcore_model_qwen3.plugin import QWEN3
+from rlcore_plugins.optimizers import SPECS
+
+HF = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                          ffn_hidden_size=64, max_position_embeddings=64)
+LENGTHS = [(3, 30), (2, 2), (4, 25), (2, 3), (3, 1), (5, 20)]   # (prompt, response): long-tailed
+
+
+def test_token_budget_micro_batches_are_narrow_and_give_the_same_outputs():
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(build_sequences([torch.randint(1, 16, (p,), generator=g).tolist() for p, _ in LENGTHS],
+                                  [torch.randint(1, 16, (r,), generator=g).tolist() for _, r in LENGTHS], pad_id=0))
+    fixed = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2), SPECS[0], seed=3)
+    budget = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, max_tokens_per_micro_batch=40), SPECS[0],
+                           seed=3)
+    micro, rows = budget._micro_batches(batch)
+    assert sorted(i for r in rows for i in r) == list(range(len(LENGTHS)))
+    totals = [p + r for p, r in LENGTHS]
+    assert [m["input_ids"].shape[1] for m in micro] == [max(totals[i] for i in r) for r in rows]
+    assert all(len(r) == 1 or len(r) * max(totals[i] for i in r) <= 40 for r in rows)
+    assert sum(m["input_ids"].numel() for m in micro) < 0.6 * batch["input_ids"].numel()   # far less padding
+    mask = batch["response_mask"]
+    torch.testing.assert_close(budget.logprobs(batch) * mask, fixed.logprobs(batch) * mask, rtol=0, atol=1e-6)
