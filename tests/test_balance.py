@@ -59,3 +59,27 @@ def test_split_to_count_gives_every_rank_the_same_number():
     assert split_to_count([[0]], [5], 3) == [[0], [], []]     # nothing left to split: empty micro-batches
     with pytest.raises(ValueError):
         split_to_count(batches, lengths, 1)
+
+
+def test_no_share_is_left_empty_when_there_are_enough_sequences():
+    for seed in range(500):
+        rng = random.Random(seed)
+        parts = rng.randint(1, 8)
+        lengths = [rng.choice([1, 2, 1000, rng.randint(1, 2000)]) for _ in range(rng.randint(parts, 3 * parts))]
+        assert all(balanced_partition(lengths, parts)), (lengths, parts)
+
+
+def test_data_parallel_shares_balance_tokens_and_results_come_back_in_batch_order():
+    import torch
+
+    from rlcore.data import Batch, build_sequences
+    from rlcore.workers.group import dp_parts, in_batch_order
+
+    lengths = [(2, 40), (2, 38), (2, 1), (2, 2), (2, 3), (2, 1)]     # contiguous halves: 85 and 12 tokens
+    batch = Batch(build_sequences([[1] * p for p, _ in lengths], [[2] * r for _, r in lengths], pad_id=0))
+    parts = dp_parts(batch, 2)
+    assert sorted(sum(p + r for p, r in (lengths[i] for i in part)) for part in parts) == [48, 49]
+    results = [batch["input_ids"][part] * 10 for part in parts]         # what each rank computes for its rows
+    assert torch.equal(in_batch_order(parts, results), batch["input_ids"] * 10)
+    plain = Batch({"input_ids": batch["input_ids"]})                    # rows without lengths: contiguous
+    assert dp_parts(plain, 4) == [[0, 1], [2, 3], [4], [5]]

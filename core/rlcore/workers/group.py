@@ -11,11 +11,28 @@ import socket
 
 import torch
 
+from rlcore.balance import balanced_partition
 from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.workers.worker import ActorRolloutWorker
 
 log = logging.getLogger(__name__)
+
+
+def dp_parts(batch: Batch, parts: int) -> list[list[int]]:
+    """Each data-parallel rank's rows of ``batch``: groups of nearly equal token counts (``balanced_partition``)
+    where rows know their lengths, so that no rank waits for one holding the long responses; contiguous otherwise."""
+    if parts > 1 and "prompt_len" in batch.tensors:
+        return balanced_partition((batch["prompt_len"] + batch["response_len"]).tolist(), parts)
+    return [list(r) for r in _shares(len(batch), parts)]
+
+
+def in_batch_order(parts: list[list[int]], results: list[torch.Tensor]) -> torch.Tensor:
+    """Per-rank per-token results [rows of the part, S] back in the rows' order in the batch."""
+    out = torch.empty(sum(len(p) for p in parts), *results[0].shape[1:], dtype=results[0].dtype)
+    for part, result in zip(parts, results):
+        out[part] = result
+    return out
 
 
 def _shares(n: int, parts: int) -> list[range]:
@@ -83,9 +100,9 @@ class WorkerGroup:
 
         return ray.get([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)])
 
-    def _by_dp(self, batch: Batch) -> list[tuple]:
-        """Each worker's arguments: its data-parallel share of ``batch``."""
-        shares = [batch.select(r) for r in _shares(len(batch), self.dp_size)]
+    def _by_dp(self, batch: Batch, parts: list[list[int]]) -> list[tuple]:
+        """Each worker's arguments: its data-parallel share of ``batch`` (``parts``: ``dp_parts``)."""
+        shares = [batch.select(r) for r in parts]
         return [(shares[c.dp_rank],) for c in self.coords]
 
     def _reported(self, results: list) -> list:
@@ -107,8 +124,9 @@ class WorkerGroup:
 
     def per_token(self, method: str, batch: Batch, *args) -> torch.Tensor:
         """A forward pass that returns a per-token tensor [N, S] (``logprobs``, ``values``), split by dp rank."""
-        shares = self._by_dp(batch)
-        return torch.cat(self._reported(self.call(method, per_rank=[a + args for a in shares])))
+        parts = dp_parts(batch, self.dp_size)
+        shares = self._by_dp(batch, parts)
+        return in_batch_order(parts, self._reported(self.call(method, per_rank=[a + args for a in shares])))
 
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         return self.per_token("logprobs", batch, reference)
@@ -119,7 +137,7 @@ class WorkerGroup:
     def train_step(self, mini: Batch, *args) -> dict[str, float]:
         """One update on a mini-batch; each rank's loss is normalised by the mini-batch's totals."""
         tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
-        shares = self._by_dp(mini)
+        shares = self._by_dp(mini, dp_parts(mini, self.dp_size))
         reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, *args) for a in shares]))
         return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
 
