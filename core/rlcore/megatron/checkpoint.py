@@ -74,8 +74,8 @@ def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
 
     request = _sharded_state(trainable, True, with_optimizer)
     model_request = dict(request["model"])       # the load replaces the request's entries with tensors
-    taken = without_absent_main_params(request.get("optimizer", {}),
-                                       dist_checkpointing.load_tensors_metadata(directory).keys())
+    saved_keys = dist_checkpointing.load_tensors_metadata(directory).keys() if with_optimizer else ()
+    taken = without_absent_main_params(request["optimizer"], saved_keys) if with_optimizer else []
     loaded = dist_checkpointing.load(request, directory, sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     trainable.model.load_state_dict(loaded["model"], strict=True)
