@@ -103,6 +103,7 @@ _RULES = [  # (key, predicate, what is allowed)
         ("optim.offload_fraction", lambda v: 0 <= v <= 1, "a number from 0 to 1"),
     ]],
     ("actor.entropy_coef", lambda v: v >= 0, "a number >= 0"),
+    ("actor.logprob_chunk_tokens", lambda v: v >= 0, "an integer >= 0 (0 = all tokens at once)"),
     ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
     ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),

@@ -101,6 +101,8 @@ class TrainedModelConfig:
 @dataclass
 class ActorConfig(TrainedModelConfig):
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
+    logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
+                                  # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)
 
 
 @dataclass

@@ -17,23 +17,8 @@ from rlcore.data import Batch
 from rlcore.engine.reshard import Resharder
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.trainable import LossFn, MegatronTrainable
-from rlcore.megatron.vocab_parallel import entropy, label_logprobs
+from rlcore.megatron.output_chunks import OutputHead, chunked_token_stats, hidden_states_out
 from rlcore.specs import ModelSpec, OptimizerSpec
-
-
-@contextmanager
-def logits_divided_by(model, temperature: float):
-    """The sampling policy at temperature T is softmax(logits / T): scale the output layer's logits while inside.
-    Logprobs computed this way match the engine's processed (post-temperature) logprobs."""
-    layers = [m for name, m in model.named_modules() if name.endswith("output_layer")]
-    if temperature == 1.0 or not layers:   # not the last pipeline stage: no logits here
-        yield
-        return
-    handle = layers[0].register_forward_hook(lambda mod, inp, out: (out[0] / temperature, *out[1:]))
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 class MegatronActor(MegatronTrainable):
@@ -44,20 +29,27 @@ class MegatronActor(MegatronTrainable):
                  sync_transport: str = "auto", total_updates: int = 0):
         super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed, total_updates)
         self.reference: torch.nn.Module | None = None
+        self._head: OutputHead | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
 
-    def token_outputs(self, logits, labels, extras):
+    def token_outputs(self, hidden, labels, extras):
         """logp of each label; with ``extras`` also the policy's entropy (with grad only when it is trained on:
-        ``actor.entropy_coef`` > 0). Megatron's cross-entropy works in place on its input, so the entropy is taken
-        first, from the untouched logits (which its backward keeps: then the cross-entropy gets a copy)."""
-        if not extras:
-            return label_logprobs(logits, labels), {}
-        if self.cfg.entropy_coef > 0:
-            h = entropy(logits)
-            return label_logprobs(logits.clone(), labels), {"entropy": h}
-        with torch.no_grad():
-            h = entropy(logits.detach())
-        return label_logprobs(logits, labels), {"entropy": h}
+        ``actor.entropy_coef`` > 0). The model's output is its last hidden states (``_reading_tokens``): the output
+        layer runs here, ``actor.logprob_chunk_tokens`` tokens at a time."""
+        logp, h = chunked_token_stats(hidden, self._head, labels, self.cfg.logprob_chunk_tokens,
+                                      with_entropy=extras, entropy_grad=self.cfg.entropy_coef > 0)
+        return logp, {"entropy": h} if extras else {}
+
+    @contextmanager
+    def _reading_tokens(self, model, temperature: float):
+        """Passes of ``model`` inside return hidden states, which ``token_outputs`` turns into the statistics of
+        the sampling policy at ``temperature``: softmax(logits / T), as the engine's processed logprobs."""
+        with hidden_states_out(model, temperature) as head:
+            self._head = head
+            try:
+                yield
+            finally:
+                self._head = None
 
     # --- weights -----------------------------------------------------------------------------------------------
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -90,10 +82,10 @@ class MegatronActor(MegatronTrainable):
         model = self.reference if reference else self.ddp
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
-        return self.per_token(model, batch, hook=lambda m: logits_divided_by(m, temperature))
+        return self.per_token(model, batch, hook=lambda m: self._reading_tokens(m, temperature))
 
     def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0,
                    entropy: bool = False) -> dict[str, float]:
         """One update; ``loss_fn(logp, mb)``, or ``loss_fn(logp, mb, entropy=...)`` when ``entropy``."""
         return super().train_step(batch, loss_fn, extras=entropy,
-                                  hook=lambda m: logits_divided_by(m, temperature))
+                                  hook=lambda m: self._reading_tokens(m, temperature))
