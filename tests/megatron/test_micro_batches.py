@@ -28,3 +28,14 @@ def test_token_budget_micro_batches_are_narrow_and_give_the_same_outputs():
     assert sum(m["input_ids"].numel() for m in micro) < 0.6 * batch["input_ids"].numel()   # far less padding
     mask = batch["response_mask"]
     torch.testing.assert_close(budget.logprobs(batch) * mask, fixed.logprobs(batch) * mask, rtol=0, atol=1e-6)
+
+
+def test_training_reports_the_padding_fraction_it_computed():
+    batch = Batch(build_sequences([[1] * p for p, _ in LENGTHS], [[2] * r for _, r in LENGTHS], pad_id=0))
+    tokens = sum(p + r for p, r in LENGTHS)                                   # 100 real positions
+    loss = lambda lp, mb: ((lp * mb["response_mask"]).sum() * 0.0, {})      # noqa: E731
+    for budget, computed in [(0, 6 * 33), (40, 33 + 29 + 25 + 3 * 5)]:
+        # fixed: 3 micro-batches of 2 rows, 33 wide; budget 40, rows longest first: 33 | 29 | 25 | 5+4+4 (5 wide)
+        actor = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, max_tokens_per_micro_batch=budget),
+                              SPECS[0], seed=3)
+        assert actor.train_step(batch, loss)["actor/padding_frac"] == 1 - tokens / computed

@@ -54,6 +54,21 @@ def _select_columns(batch: Batch, index: torch.Tensor) -> Batch:
                  batch.meta)
 
 
+def _row_lengths(batch: Batch) -> list[int]:
+    """Each row's tokens (prompt and response); the full width where rows do not say."""
+    width = batch["input_ids"].shape[1]
+    if "prompt_len" not in batch.tensors:
+        return [width] * len(batch)
+    return (batch["prompt_len"] + batch["response_len"]).tolist()
+
+
+def _padding_fraction(batch: Batch, micro: list[Batch], rows: list[list[int]]) -> float:
+    """The share of the positions the micro-batches compute that hold no token of a row (filler rows included)."""
+    lengths = _row_lengths(batch)
+    computed = sum(m["input_ids"].numel() for m in micro)
+    return 1.0 - sum(lengths[i] for part in rows for i in part) / computed
+
+
 class MegatronTrainable:
     """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
@@ -139,7 +154,10 @@ class MegatronTrainable:
 
     # --- passes ------------------------------------------------------------------------------------------------
     def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool, extras: bool = False,
-             hook=None) -> tuple[list[dict], list]:
+             hook=None) -> tuple[list[dict], list, float]:
+        """The pipeline schedule over ``batch``'s micro-batches: the schedule's per-micro-batch results, each
+        micro-batch's rows with its per-token output (``loss_fn`` None), and the share of the positions computed
+        that were padding."""
         from contextlib import nullcontext
 
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -176,7 +194,7 @@ class MegatronTrainable:
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
                 num_microbatches=len(micro), seq_length=max(m["input_ids"].shape[1] for m in micro) // self.cp_size,
                 micro_batch_size=max(len(m) for m in micro), forward_only=forward_only)
-        return results, list(zip(rows, outputs))
+        return results, list(zip(rows, outputs)), _padding_fraction(batch, micro, rows)
 
     def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
         """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).
@@ -190,9 +208,7 @@ class MegatronTrainable:
             mbs = min(self.cfg.micro_batch_size, len(batch))
             rows = [list(range(i, min(i + mbs, len(batch)))) for i in range(0, len(batch), mbs)]
             return _pad_rows(_pad_columns(batch, self.sequence_multiple), mbs).split(mbs), rows
-        width = batch["input_ids"].shape[1]
-        lengths = ((batch["prompt_len"] + batch["response_len"]).tolist() if "prompt_len" in batch.tensors
-                   else [width] * len(batch))
+        width, lengths = batch["input_ids"].shape[1], _row_lengths(batch)
         rows = token_budget_micro_batches(lengths, budget)
         count = torch.tensor([len(rows)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group_gloo())
@@ -229,7 +245,7 @@ class MegatronTrainable:
         stage and broadcast to the others, so every rank returns it."""
         was_training = model.training
         model.eval()
-        _, outputs = self._run(model, batch, None, forward_only=True, hook=hook)
+        _, outputs, _ = self._run(model, batch, None, forward_only=True, hook=hook)
         model.train(was_training)
         full_len = batch["input_ids"].shape[1]
         result = torch.zeros(batch["input_ids"].shape) if outputs else torch.empty(batch["input_ids"].shape)
@@ -248,7 +264,7 @@ class MegatronTrainable:
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results, _ = self._run(self.ddp, batch, loss_fn, forward_only=False, extras=extras, hook=hook)
+        results, _, padding = self._run(self.ddp, batch, loss_fn, forward_only=False, extras=extras, hook=hook)
         lr = learning_rate(self.updates, self.cfg.optim, self.total_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
@@ -261,4 +277,5 @@ class MegatronTrainable:
         metrics[f"{self.role}/grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics[f"{self.role}/update_skipped"] = 0.0 if ok else 1.0
         metrics[f"{self.role}/lr"] = lr
+        metrics[f"{self.role}/padding_frac"] = padding
         return metrics
