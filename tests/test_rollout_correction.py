@@ -137,8 +137,9 @@ class RecordingActor:
         return metrics
 
 
-def actor_train_step(**options):
-    """ActorRolloutWorker.train_step's loss on one micro-batch (no Megatron): the GRPO loss with ``options``."""
+def actor_train_step(old_logprobs="actor", **options):
+    """ActorRolloutWorker.train_step's loss on one micro-batch (no Megatron): the GRPO loss with ``options``, the
+    old policy's logprobs from ``old_logprobs`` (actor.old_logprobs)."""
     from types import SimpleNamespace
 
     from rlcore.workers.worker import ActorRolloutWorker
@@ -146,7 +147,7 @@ def actor_train_step(**options):
     worker = object.__new__(ActorRolloutWorker)
     worker.algorithm = grpo.GRPO
     worker.algo_cfg = grpo.GRPOConfig(**options)
-    worker.cfg = SimpleNamespace(actor=SimpleNamespace(entropy_coef=0.0),
+    worker.cfg = SimpleNamespace(actor=SimpleNamespace(entropy_coef=0.0, old_logprobs=old_logprobs),
                                  rollout=SimpleNamespace(temperature=1.0, max_response_len=3))
     worker.actor, worker.engine = RecordingActor(), SimpleNamespace(mark_updated=lambda: None)
     share = dict(logp=OLD + 0.1, old_logprobs=OLD, rollout_logprobs=ROLLOUT, response_mask=MASK,
@@ -155,11 +156,11 @@ def actor_train_step(**options):
     return worker.actor, metrics, share
 
 
-def grpo_per_token(share):
-    """GRPO's per-token loss on the same micro-batch, computed directly."""
+def grpo_per_token(share, old="old_logprobs"):
+    """GRPO's per-token loss on the same micro-batch, computed directly, with ``share[old]`` as the old policy."""
     from rlcore_algo_grpo.grpo import GRPOConfig, policy_loss
     logp = share["logp"].clone().requires_grad_(True)
-    per_token, _ = policy_loss(logp, share["old_logprobs"], share["advantages"], MASK, None, GRPOConfig())
+    per_token, _ = policy_loss(logp, share[old], share["advantages"], MASK, None, GRPOConfig())
     return logp, per_token
 
 
@@ -197,3 +198,26 @@ def test_dr_grpo_aggregation_is_offered_where_it_can_run():
     ppo = pytest.importorskip("rlcore_algo_ppo.ppo")
     grpo.GRPOConfig(loss_agg_mode="seq-mean-token-sum-norm")
     ppo.PPOConfig(loss_agg_mode="seq-mean-token-sum-norm")      # the critic's value loss passes the constant too
+
+
+def test_rollout_logprobs_as_the_old_policy():
+    """actor.old_logprobs=rollout: the clipped ratio is against the engine's logprobs, and the mismatch is measured
+    between them and this pass's (the rollout's garbage past the mask stays out of both)."""
+    actor, metrics, share = actor_train_step(old_logprobs="rollout")
+    logp, per_token = grpo_per_token(share, old="rollout_logprobs")
+    expected = aggregate(per_token, MASK, "token-mean", 4.0, 2.0)
+    expected.backward()
+    assert torch.equal(actor.loss, expected.detach()) and torch.equal(actor.grad, logp.grad)
+    assert not torch.equal(expected, aggregate(grpo_per_token(share)[1], MASK, "token-mean", 4.0, 2.0))
+    assert metrics["rollout_corr/abs_diff_max"] == pytest.approx(2 * LN2 + 0.1)       # logp = OLD + 0.1
+    assert metrics["rollout/logprob_diff_vs_actor"] == pytest.approx((5 * LN2 - 0.1 + 0.3) / 4)
+
+
+@pytest.mark.parametrize("correction", [dict(rollout_is="token"), dict(rollout_rs_high=2.0)])
+def test_rollout_logprobs_as_the_old_policy_refuse_a_correction(correction):
+    from rlcore.rollout_correction import check_old_logprobs_source
+    grpo = pytest.importorskip("rlcore_algo_grpo.grpo")
+    check_old_logprobs_source("rollout", grpo.GRPOConfig())
+    check_old_logprobs_source("actor", grpo.GRPOConfig(**correction))
+    with pytest.raises(ConfigError, match=f"actor.old_logprobs=rollout with algorithm.{next(iter(correction))}"):
+        check_old_logprobs_source("rollout", grpo.GRPOConfig(**correction))

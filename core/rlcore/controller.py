@@ -20,6 +20,7 @@ from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.plugins import LoadedPlugins
 from rlcore.rewards import Scores, build_rewards, neutral_fill
+from rlcore.rollout_correction import check_old_logprobs_source
 from rlcore.validation import eval_metrics
 from rlcore.warm_start import prepare_model
 
@@ -52,6 +53,7 @@ class Trainer:
         self.spec = reg.get("models", cfg.model.family)
         self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        check_old_logprobs_source(cfg.actor.old_logprobs, self.algo_cfg)
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
         self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg)
@@ -180,7 +182,9 @@ class Trainer:
 
         self.workers.train_mode()
         with timer("logprobs"):
-            if not self.on_policy or self.algorithm.needs_old_logprobs(self.algo_cfg):
+            if cfg.actor.old_logprobs == "rollout":     # the engine's own: no forward pass
+                batch["old_logprobs"] = batch["rollout_logprobs"]
+            elif not self.on_policy or self.algorithm.needs_old_logprobs(self.algo_cfg):
                 batch["old_logprobs"] = self.workers.logprobs(batch)
             if self.algorithm.needs_reference(self.algo_cfg):
                 batch["ref_logprobs"] = self.workers.logprobs(batch, reference=True)

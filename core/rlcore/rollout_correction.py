@@ -108,6 +108,22 @@ def correction(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.T
     return weights, mask, metrics
 
 
+def check_old_logprobs_source(source: str, cfg) -> None:
+    """With ``actor.old_logprobs=rollout`` the policy's ratio is taken against the rollout's logprobs already: a
+    correction's ratios would all be 1, so asking for one is a mistake worth naming."""
+    from rlcore.errors import ConfigError
+
+    if source != "rollout":
+        return
+    asked = [f"{key}={getattr(cfg, key)}" for key, off in (("rollout_is", "none"), ("rollout_rs_low", 0.0),
+                                                           ("rollout_rs_high", 0.0))
+             if getattr(cfg, key, off) != off]
+    if asked:
+        raise ConfigError(f"actor.old_logprobs=rollout with algorithm.{', algorithm.'.join(asked)}: the policy's "
+                          f"ratio is then against the rollout's logprobs, so the correction's ratios would all be "
+                          f"1. Use actor.old_logprobs=actor with the correction, or leave the correction off")
+
+
 def check_correction_options(cfg) -> None:
     """Validate the correction keys of an algorithm config that has them (one line naming the key)."""
     from rlcore.errors import ConfigError

@@ -104,6 +104,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ]],
     ("actor.entropy_coef", lambda v: v >= 0, "a number >= 0"),
     ("actor.logprob_chunk_tokens", lambda v: v >= 0, "an integer >= 0 (0 = all tokens at once)"),
+    ("actor.old_logprobs", lambda v: v in ("actor", "rollout"), "actor or rollout"),
     ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
     ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),

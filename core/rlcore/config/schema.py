@@ -103,6 +103,10 @@ class ActorConfig(TrainedModelConfig):
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)
+    old_logprobs: str = "actor"   # the old policy in the clipped ratio: actor = the trainer's (a forward pass before
+                                  # the update when it is off-policy: mini_batches or epochs > 1); rollout = the
+                                  # engine's own from sampling (no pass; the ratio then carries the engine-trainer
+                                  # mismatch too, and is clipped with it)
 
 
 @dataclass

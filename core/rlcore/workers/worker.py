@@ -170,19 +170,21 @@ class ActorRolloutWorker(Worker):
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
         mode = self.algorithm.loss_agg_mode(self.algo_cfg)
-        entropy_coef = self.cfg.actor.entropy_coef
+        entropy_coef, from_rollout = self.cfg.actor.entropy_coef, self.cfg.actor.old_logprobs == "rollout"
 
         def loss_fn(logp, mb, entropy):
             mask = mb["response_mask"]
-            # on-policy, the first update's own forward *is* the old policy: exact, one forward saved
-            old = logp.detach() if on_policy else mb["old_logprobs"]
+            if from_rollout:     # the engine's logprobs are the old policy; the mismatch is measured to this pass's
+                old, trainer = mb["rollout_logprobs"], logp.detach()
+            else:                # on-policy, the first update's own forward *is* the old policy: exact, one forward
+                old = trainer = logp.detach() if on_policy else mb["old_logprobs"]
             per_token, m = self.algorithm.policy_loss(logp, old, mb["advantages"], mask,
                                                       mb["ref_logprobs"] if "ref_logprobs" in mb else None,
                                                       self.algo_cfg)
             # the engine sampled with the old policy's weights: their logprobs should agree; the gap is always
             # measured, and corrected where the algorithm's rollout_is / rollout_rs_* ask (weights on the policy
             # loss, rejected sequences out of the mask; the normalisers stay the mini-batch totals)
-            m.update(mismatch_metrics(old, mb["rollout_logprobs"], mask))
+            m.update(mismatch_metrics(trainer, mb["rollout_logprobs"], mask))
             weights, kept, corrected = correction(old, mb["rollout_logprobs"], mask, self.algo_cfg)
             m.update(corrected)
             if weights is not None:
@@ -190,7 +192,7 @@ class ActorRolloutWorker(Worker):
             if entropy_coef > 0:   # the bonus: higher entropy, lower loss
                 per_token = per_token - entropy_coef * entropy
             m["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
-            m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - old).abs(), mask).item()
+            m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - trainer).abs(), mask).item()
             return aggregate(per_token, kept, mode, total_tokens, total_sequences, self.cfg.rollout.max_response_len), m
 
         metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
