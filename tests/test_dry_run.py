@@ -59,10 +59,24 @@ def test_query_groups_must_split_over_tp(registry):
 
 
 def test_offloading_the_optimizer_moves_its_memory_to_the_host(registry):
-    _, on_device = check(registry, "qwen3-30b-a3b-8gpu", "actor.optim.offload_fraction=0")
-    _, offloaded = check(registry, "qwen3-30b-a3b-8gpu", "actor.optim.offload_fraction=1")
-    assert "optimizer 0.0 GiB" in offloaded and "optimizer 0.0 GiB" not in on_device
+    _, on_device = check(registry, "qwen3-30b-a3b-8gpu", "actor.optim.name=adam", "actor.optim.offload_fraction=0")
+    _, offloaded = check(registry, "qwen3-30b-a3b-8gpu")        # hybrid_adam, offload_fraction 1
+    optimizer = [float(r.split("optimizer ")[1].split(" GiB")[0]) for r in (on_device, offloaded)]
+    # bf16: of Adam's 12 bytes an element, the fp32 master copy (4) stays on the device
+    assert optimizer[1] == pytest.approx(optimizer[0] / 3, abs=0.1)
     assert "CPU/node   0 GiB while training" in on_device and "CPU/node   0 GiB while training" not in offloaded
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["actor.optim.name=adam"], "actor.optim.offload_fraction = 1 needs the hybrid CPU/GPU optimizer"),
+    (["actor.optim.offload_fraction=0"], "hybrid_adam with actor.optim.offload_fraction = 0 keeps all optimizer"),
+])
+def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrides, expected):
+    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=expected):
+        cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), load_plugins(["qwen3"]))
 
 
 def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):

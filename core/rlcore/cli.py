@@ -67,6 +67,9 @@ def cmd_run(args) -> int:
 def dry_run(cfg, plugins) -> int:
     from rlcore.sizing import dry_run as check
 
+    optimizer = plugins.registry.get("optimizers", cfg.actor.optim.name)
+    if optimizer.check:
+        optimizer.check(cfg.actor.optim, "actor.optim")
     problems, report = check(cfg, plugins.registry.get("models", cfg.model.family))
     if problems:
         print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),

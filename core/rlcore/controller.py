@@ -60,6 +60,12 @@ class Trainer:
         self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
+        trained = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if self.algorithm.needs_critic(self.algo_cfg)
+                                            else [])
+        for section, model in trained:     # what each optimizer plugin takes (offload_fraction: hybrid_adam's)
+            optimizer = self.optimizer_spec if section == "actor" else reg.get("optimizers", model.optim.name)
+            if optimizer.check:
+                optimizer.check(model.optim, f"{section}.optim")
         self._workers: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]

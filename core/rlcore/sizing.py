@@ -6,8 +6,9 @@ the run's parallel sizes, so Megatron's own validation runs too. Parameters are 
 grouped-query attention, dense and MoE layers (routed + shared experts), embeddings and output layer.
 
 Memory per device is for model state only — parameters, gradients (fp32 buffers, as the actor's DDP keeps them) and
-Adam's state under the distributed optimizer (fp32 master copy when parameters are bf16, plus two moments) — on the
-busiest pipeline stage. Activations, the rollout engine's weights and KV cache come on top.
+Adam's state under the distributed optimizer (fp32 master copy when parameters are bf16, plus two moments; with
+``hybrid_adam``, part of it on the host: ``optimizer_bytes``) — on the busiest pipeline stage. Activations, the
+rollout engine's weights and KV cache come on top.
 """
 from __future__ import annotations
 
@@ -90,6 +91,22 @@ def _moe_layers(c) -> list[bool]:
     return [bool(x) for x in freq] if isinstance(freq, list) else [i % freq == 0 for i in range(c.num_layers)]
 
 
+def optimizer_bytes(numel: float, bf16: float, offloaded: float = 0.0) -> tuple[float, float]:
+    """(device, host) bytes of Adam's state for ``numel`` elements of a rank's distributed-optimizer shard, ``bf16``
+    of them bf16 parameters, ``offloaded`` of them held on the host by megatron-core's hybrid optimizer. On the
+    device: two fp32 moments per element left there, and the fp32 master copy of every bf16 element, offloaded or
+    not (the distributed optimizer keeps it; the hybrid one copies its host result back into it). On the host, per
+    offloaded element: an fp32 copy of the parameter, its fp32 gradient and the two moments.
+    tests/megatron/test_hybrid_optimizer.py measures these on the optimizers the plugins build."""
+    return (numel - offloaded) * 8 + bf16 * 4, offloaded * 16
+
+
+def offloaded_elements(numel: float, fraction: float) -> float:
+    """Elements of a shard of ``numel`` that ``offload_fraction`` puts on the host: megatron-core moves whole
+    parameters, in order, until ``fraction * numel`` is reached, so the host holds up to one parameter more."""
+    return numel * fraction
+
+
 @dataclass
 class StageParams:
     dense: int      # split over TP (approximately: norms are replicated, and small)
@@ -129,18 +146,20 @@ def estimate(c, hf: dict, cfg: Config) -> dict:
     p, world = cfg.actor.parallel, cfg.trainer.world_size
     dp, expert_dp = world // (p.tp * p.pp * p.cp), world // (p.ep * p.pp)
     stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers)
-    param_bytes = 2 if cfg.actor.dtype == "bfloat16" else 4
-    adam_bytes = 8 + (4 if param_bytes == 2 else 0)          # two fp32 moments (+ fp32 master copy under bf16)
+    bf16 = cfg.actor.dtype == "bfloat16"
+    param_bytes = 2 if bf16 else 4
+    fraction = cfg.actor.optim.offload_fraction       # hybrid_adam's (the plugin refuses it for adam)
 
     def stage_bytes(s: StageParams) -> dict[str, float]:
         local = s.dense / p.tp + s.experts / p.ep
-        optim = (s.dense / p.tp / dp + s.experts / p.ep / expert_dp) * adam_bytes
-        return dict(params=local * param_bytes, grads=local * 4, optimizer=optim)
+        shard = s.dense / p.tp / dp + s.experts / p.ep / expert_dp
+        # a bf16 model's norms are fp32 (rlcore's torch norms): a few thousand elements a layer, counted as bf16
+        device, host = optimizer_bytes(shard, shard if bf16 else 0, offloaded_elements(shard, fraction))
+        return dict(params=local * param_bytes, grads=local * 4, optimizer=device, host=host)
 
-    worst = max((stage_bytes(s) for s in stages), key=lambda row: sum(row.values()))
-    fraction = cfg.actor.optim.offload_fraction
-    per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"] * (1 - fraction))
-    cpu = worst["optimizer"] * fraction
+    worst = max((stage_bytes(s) for s in stages), key=lambda row: row["params"] + row["grads"] + row["optimizer"])
+    per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"])
+    cpu = worst["host"]
     off = cfg.actor.offload           # parked on the host while the rollout engine runs
     during_rollout = cpu + sum(per_device[k] for k in ("params", "grads", "optimizer") if getattr(off, k))
     devices_per_node = min(cfg.trainer.devices_per_node, world)

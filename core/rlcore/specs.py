@@ -115,9 +115,12 @@ class RolloutBackendSpec:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """build(model_chunks, optim_config) -> a megatron optimizer"""
+    """build(model_chunks, optim_config) -> a megatron optimizer. check(optim_config, section), if given, raises
+    ConfigError for settings this optimizer does not take (``section``: where they are, e.g. ``actor.optim``); it
+    runs before any worker starts, and on ``--dry-run``."""
     name: str
     build: Callable[..., Any]
+    check: Callable[[Any, str], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: Optimizer
     from rlcore.megatron.actor import MegatronActor
 
     actor_cfg = ActorConfig(micro_batch_size=cfg.warm_start.batch_size,
-                            optim=OptimConfig(lr=cfg.warm_start.lr, weight_decay=0.0))
+                            optim=OptimConfig(lr=cfg.warm_start.lr, weight_decay=0.0,
+                                              offload_fraction=cfg.actor.optim.offload_fraction))
     actor = MegatronActor(spec, hf_config, actor_cfg, optimizer, seed=cfg.run.seed)
     start = time.perf_counter()
     from transformers import AutoTokenizer

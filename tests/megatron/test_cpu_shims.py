@@ -1,6 +1,6 @@
 """Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
 it (dense, MoE, DeepSeek-V3's multi-latent attention, a checkpoint saved asynchronously while training goes on and
-loaded into a fresh optimizer; over 2
+loaded into a fresh optimizer, the hybrid CPU/GPU optimizer against the plain one and through a checkpoint; over 2
 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all of them, every
 case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs
 in fresh processes because the shims patch megatron-core process-wide."""
@@ -54,6 +54,21 @@ SCRIPT = textwrap.dedent("""
         load_model(fresh, sys.argv[0] + ".ckpt")
         resumed = train(fresh, 3)
         assert resumed == expected, (resumed, expected)
+    if case == "hybrid":       # hybrid_adam, half the optimizer on the host: the same updates, bit for bit
+        from rlcore.config.schema import OptimConfig
+        hybrid_adam = next(s for s in SPECS if s.name == "hybrid_adam")
+        hybrid = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel, optim=OptimConfig(
+            name="hybrid_adam", offload_fraction=0.5)), hybrid_adam)
+        assert type(hybrid.optimizer.optimizer).__name__ == "HybridDeviceOptimizer"
+        assert train(hybrid, 3) == losses
+        assert all(torch.equal(a, b) for a, b in zip(actor.model.parameters(), hybrid.model.parameters()))
+        from rlcore.megatron.checkpoint import load_model, save_model
+        save_model(hybrid, sys.argv[0] + ".ckpt")            # and through a checkpoint, as the checkpoint case
+        expected = train(hybrid, 2)
+        fresh = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel, optim=OptimConfig(
+            name="hybrid_adam", offload_fraction=0.5)), hybrid_adam, seed=1)
+        load_model(fresh, sys.argv[0] + ".ckpt")
+        assert train(fresh, 2) == expected
     print("TRAINED", losses)
 """)
 
@@ -65,6 +80,9 @@ for fix in (compat.checkpoint_writes_without_a_spawned_manager,
             compat.optimizer_state_dict_before_the_first_step, compat.adam_step_not_copied_from_loaded_state,
             compat.adam_step_tensor_per_parameter_after_load):
     CASES[fix.__name__] = "checkpoint"
+for fix in (compat.hybrid_optimizer_takes_fp32_shards, compat.hybrid_optimizer_steps_like_the_plain_one,
+            compat.hybrid_optimizer_state_after_a_load, compat.hybrid_optimizer_param_groups_hold_data_only):
+    CASES[fix.__name__] = "hybrid"
 MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 
 
@@ -78,7 +96,7 @@ def run(tmp_path, case, *skip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint"])
+@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint", "hybrid"])
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]

@@ -186,9 +186,6 @@ def _check_layout(section: str, model, world: int, world_key: str) -> None:
     if p.sp and p.tp == 1:
         raise ConfigError(f"{section}.parallel.sp = true needs {section}.parallel.tp > 1 (it splits sequences over "
                           f"TP ranks)")
-    if model.optim.offload_fraction > 0 and model.dtype != "bfloat16":
-        raise ConfigError(f"{section}.optim.offload_fraction = {model.optim.offload_fraction} needs "
-                          f"{section}.dtype=bfloat16 (Megatron's hybrid CPU/GPU optimizer keeps fp32 master weights)")
 
 
 def check_runnable_here(cfg: Config) -> None:
@@ -202,10 +199,6 @@ def check_runnable_here(cfg: Config) -> None:
         if model.parallel.ep > 1 and model.parallel.tp > 1:
             raise ConfigError(f"{section}.parallel.ep > 1 with {section}.parallel.tp > 1 is not supported on CPU "
                               f"(gloo) yet: use tp=1 here, or run on GPUs")
-        if model.optim.offload_fraction > 0:
-            raise ConfigError(f"{section}.optim.offload_fraction = {model.optim.offload_fraction} needs GPUs "
-                              "(Megatron's hybrid CPU/GPU optimizer); on CPU the optimizer state is in host memory "
-                              "already: use 0")
 
 
 def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:

@@ -58,8 +58,8 @@ class OptimConfig:
     lr_warmup_steps: int = 0      # optimizer updates over which the LR rises linearly to lr
     lr_schedule: str = "constant"  # after warm-up: constant | cosine | linear (to min_lr by the run's last update)
     min_lr: float = 0.0           # where cosine / linear decay ends
-    offload_fraction: float = 0.0  # share of the optimizer state held and stepped on the CPU (Megatron's hybrid
-                                   # CPU/GPU optimizer; needs actor.dtype=bfloat16)
+    offload_fraction: float = 0.0  # name=hybrid_adam (Megatron's hybrid CPU/GPU optimizer): share of each rank's
+                                   # optimizer state held and stepped on the host, 0 < f <= 1 (whole parameters)
 
 
 @dataclass

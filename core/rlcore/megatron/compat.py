@@ -3,6 +3,8 @@ condition they name holds. Each is tested to be still needed (tests/megatron/tes
 without TransformerEngine lives in the attention module the layer specs use (rlcore.megatron.attention)."""
 from __future__ import annotations
 
+import collections
+
 from rlcore.megatron.attention import have_transformer_engine
 
 
@@ -10,6 +12,9 @@ def apply() -> None:
     define_te_general_gemm_without_transformer_engine()
     checkpoint_writes_without_a_spawned_manager()
     checkpoint_loading_never_unpickles_code()
+    hybrid_optimizer_takes_fp32_shards()
+    hybrid_optimizer_state_after_a_load()
+    hybrid_optimizer_param_groups_hold_data_only()
     if not have_transformer_engine():
         sequence_parallel_torch_norms()
         multi_latent_attention_without_transformer_engine()
@@ -19,6 +24,7 @@ def apply() -> None:
         optimizer_state_dict_before_the_first_step()
         adam_step_not_copied_from_loaded_state()
         adam_step_tensor_per_parameter_after_load()
+        hybrid_optimizer_steps_like_the_plain_one()
 
 
 def define_te_general_gemm_without_transformer_engine() -> None:
@@ -220,3 +226,114 @@ def adam_step_tensor_per_parameter_after_load() -> None:
 
     load_state_dict._rlcore = True  # type: ignore[attr-defined]
     D.DistributedOptimizer.load_state_dict = load_state_dict
+
+
+# --- the hybrid CPU/GPU optimizer (optimizer_cpu_offload, rlcore_plugins' hybrid_adam) ------------------------------
+
+def hybrid_optimizer_takes_fp32_shards() -> None:
+    """The distributed optimizer shards an fp32 parameter (every parameter of an fp32 model; the torch norms of a
+    bf16 one) as a view ``model_param.view(-1)[a:b]``, which is not a leaf. The plain optimizer is handed its param
+    groups by assignment, but the hybrid one is built anew from them, and ``torch.optim.Optimizer`` refuses them
+    ("can't optimize a non-leaf Tensor"). Hand it detached views instead: the same storage, so its updates still
+    land in the model's parameters, as the plain optimizer's do."""
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer import distrib_optimizer as D
+
+    original = D.DistributedOptimizer.__dict__["_build_model_and_main_param_groups"].__func__
+    if getattr(original, "_rlcore", False):
+        return
+
+    def build(cls, gbuf_ranges, param_gbuf_map, opt_group_ranges, config):
+        groups = original(cls, gbuf_ranges, param_gbuf_map, opt_group_ranges, config)
+        if not config.optimizer_cpu_offload:
+            return groups
+        model_fp32_groups, shard_fp32_groups = groups[1], groups[3]
+        leaves = {}
+        for model_group, shard_group in zip(model_fp32_groups, shard_fp32_groups):
+            for i, (model_param, shard) in enumerate(zip(model_group, shard_group)):
+                if not shard.is_leaf:
+                    leaf = shard.detach()
+                    tensor_parallel.copy_tensor_model_parallel_attributes(leaf, model_param)
+                    if hasattr(shard, "shared"):
+                        leaf.shared = shard.shared
+                    leaves[id(shard)] = shard_group[i] = leaf
+        for group_range in opt_group_ranges:
+            group_range["orig_group"]["params"] = [leaves.get(id(p), p) for p in group_range["orig_group"]["params"]]
+        return groups
+
+    build._rlcore = True  # type: ignore[attr-defined]
+    D.DistributedOptimizer._build_model_and_main_param_groups = classmethod(build)
+
+
+def hybrid_optimizer_steps_like_the_plain_one() -> None:
+    """megatron-core builds the hybrid optimizer's sub-optimizers (torch's AdamW here) with ``fused=True``, while the
+    plain distributed optimizer's torch AdamW is unfused: the two kernels round differently (fp32 master weights
+    apart by ~2e-8 after five steps; at TP2 the losses by 2e-5 from the third). Build them unfused, so that moving
+    optimizer state to the host changes no update; the host step is then slower (50M fp32 elements, one thread:
+    0.108 s instead of 0.034 s). With TE or Apex the plain optimizer is their fused Adam, and this does not apply."""
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as H
+
+    if getattr(H.HybridDeviceOptimizer, "_rlcore_unfused", False):
+        return
+    original = H.HybridDeviceOptimizer.__init__
+
+    def __init__(self, params, *args, **kwargs):
+        original(self, params, *args, **{**kwargs, "fused": False})
+
+    H.HybridDeviceOptimizer.__init__ = __init__  # type: ignore[method-assign]
+    H.HybridDeviceOptimizer._rlcore_unfused = True  # type: ignore[attr-defined]
+
+
+def hybrid_optimizer_param_groups_hold_data_only() -> None:
+    """The hybrid optimizer's defaults, which torch copies into every param group, include its sub-optimizer
+    classes; a checkpoint stores the param groups in megatron-core's ``common.pt``, which is read back with
+    ``weights_only=True`` and refuses them ("Unsupported global: torch.optim.adamw.AdamW"). It reads the classes
+    from its attributes, never from the groups: leave them out of the groups."""
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as H
+
+    if getattr(H.HybridDeviceOptimizer, "_rlcore_data_groups", False):
+        return
+    original = H.HybridDeviceOptimizer.__init__
+
+    def __init__(self, params, *args, **kwargs):
+        original(self, params, *args, **kwargs)
+        for group in self.param_groups:
+            group.pop("cpu_optimizer_cls", None)
+            group.pop("gpu_optimizer_cls", None)
+
+    H.HybridDeviceOptimizer.__init__ = __init__  # type: ignore[method-assign]
+    H.HybridDeviceOptimizer._rlcore_data_groups = True  # type: ignore[attr-defined]
+
+
+def hybrid_optimizer_state_after_a_load() -> None:
+    """After the distributed optimizer loads state into the hybrid one, ``_sync_hdo_state_to_sub_optimizers`` hands
+    each sub-optimizer its parameters' state. It looks every parameter up among the fp32 copies it made of bf16 ones
+    (``KeyError``: the distributed optimizer hands it fp32 main params only, so it made none), and moves the device
+    sub-optimizer's state ``.to("cuda")``. Hand over the state as it does, leave each tensor on its parameter's
+    device, and give each host copy the loaded main param's value (megatron-core copies it only into the main param;
+    the next step would start from the host copy's old value)."""
+    import torch
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as H
+
+    if getattr(H.HybridDeviceOptimizer, "_rlcore_load", False):
+        return
+
+    def _sync_hdo_state_to_sub_optimizers(self):
+        for optimizer in self.sub_optimizers:
+            new_state: dict = {}
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    orig_param = self.inner_param_to_orig_param[param]
+                    state = self.state[orig_param]
+                    if param is not orig_param:
+                        param.data.copy_(orig_param.data)
+                    for key, value in list(state.items()):
+                        if key == "master_param":
+                            state[key] = param
+                        elif torch.is_tensor(value) and key != "step":
+                            state[key] = value.to(param.device)
+                    new_state[param] = state
+            optimizer.state = collections.defaultdict(dict, new_state)
+
+    H.HybridDeviceOptimizer._sync_hdo_state_to_sub_optimizers = _sync_hdo_state_to_sub_optimizers
+    H.HybridDeviceOptimizer._rlcore_load = True  # type: ignore[attr-defined]

@@ -260,3 +260,53 @@ def checkpoint_async_writes_on_cpu():
 def checkpoint_saver_flags_on_cpu():
     """The save's cached-plan check and node-failure check all-reduce flags built with ``device='cuda'``."""
     _cpu_torch_in("megatron.core.dist_checkpointing.strategies.state_dict_saver")
+
+
+@_shim("hybrid")
+def hybrid_optimizer_streams_on_cpu():
+    """The hybrid CPU/GPU optimizer (``actor.optim.name=hybrid_adam``) copies gradients down and parameters back on
+    ``torch.cuda`` streams and events, and allocates its host gradients with ``pin_memory=True``."""
+    _cpu_torch_in("megatron.core.optimizer.cpu_offloading.hybrid_optimizer")
+
+
+@_shim("hybrid")
+def hybrid_optimizer_splits_host_parameters():
+    """The hybrid optimizer decides what to offload by ``param.is_cuda``: in a CPU process no parameter is a device
+    one, the offload threshold is 0 and every parameter goes to a host sub-optimizer with no host copy of its own
+    (then ``KeyError`` in ``_set_sub_optimizer_grads``); it also pins the copies unconditionally. Split as on a GPU,
+    every parameter counting as a device one, so the offload fraction, host copies, gradient copies and copy-back
+    hooks run exactly as they do there (megatron-core's method, with those two differences)."""
+    from megatron.core.optimizer.cpu_offloading import hybrid_optimizer as H
+
+    def _get_sub_optimizer_param_groups(self, offload_fraction: float):
+        params = [p for group in self.param_groups for p in group["params"]]
+        offload_threshold = sum(p.numel() for p in params) * offload_fraction
+        offload_params_numel = 0
+        cpu_param_groups, gpu_param_groups = [], []
+        gpu_params_map_cpu_copy, cpu_copys_map_gpu_param, param_to_fp32_param = {}, {}, {}
+        for group in self.param_groups:
+            gpu_group, cpu_group = group.copy(), group.copy()
+            gpu_group["params"], cpu_group["params"] = [], []
+            for param in group["params"]:
+                orig_param, cpu_copy = param, False
+                if offload_params_numel < offload_threshold:
+                    param = param.detach().clone()          # on a GPU: .clone().cpu().pin_memory()
+                    offload_params_numel += param.numel()
+                    cpu_copy = True
+                if self.param_update_in_fp32 and param.dtype != torch.float32:
+                    param = param.detach().clone().float()
+                    param_to_fp32_param[orig_param] = param
+                if cpu_copy:
+                    gpu_params_map_cpu_copy[orig_param] = param
+                    cpu_copys_map_gpu_param[param] = orig_param
+                    cpu_group["params"].append(param)
+                else:
+                    gpu_group["params"].append(param)
+            if gpu_group["params"]:
+                gpu_param_groups.append(gpu_group)
+            if cpu_group["params"]:
+                cpu_param_groups.append(cpu_group)
+        return cpu_param_groups, gpu_param_groups, gpu_params_map_cpu_copy, cpu_copys_map_gpu_param, \
+            param_to_fp32_param
+
+    H.HybridDeviceOptimizer._get_sub_optimizer_param_groups = _get_sub_optimizer_param_groups
