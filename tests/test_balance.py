@@ -49,6 +49,19 @@ def test_token_budget_micro_batches_fit_the_budget_with_little_padding():
     assert token_budget_micro_batches([20, 1], 8) == [[0], [1]]                 # over budget: alone
 
 
+def test_packed_micro_batches_fill_the_budget_first_fit_longest_first():
+    lengths = [3, 9, 4, 2, 6]
+    # by hand, budget 10: 9 | 6 (then 4: 6+4) | 3 (then 2: 3+2)
+    assert token_budget_micro_batches(lengths, 10, packed=True) == [[1], [4, 2], [0, 3]]
+    assert token_budget_micro_batches([20, 1], 8, packed=True) == [[0], [1]]   # over budget: alone
+    rng = random.Random(0)
+    lengths = [rng.randint(16, 1024) for _ in range(64)]
+    batches = token_budget_micro_batches(lengths, 2048, packed=True)
+    assert sorted(i for b in batches for i in b) == list(range(64))
+    assert all(sum(lengths[i] for i in b) <= 2048 for b in batches)
+    assert len(batches) < len(token_budget_micro_batches(lengths, 2048))    # no padding: fewer micro-batches
+
+
 def test_split_to_count_gives_every_rank_the_same_number():
     lengths = [8, 8, 8, 8, 2, 2]
     batches = token_budget_micro_batches(lengths, 32)        # [[0, 1, 2, 3], [4, 5]]

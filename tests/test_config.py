@@ -37,6 +37,17 @@ def test_out_of_range_value_says_what_is_allowed():
         load_config("quickstart", ["rollout.n=0"])
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (["actor.pack_sequences=true"], "actor.pack_sequences = true needs actor.max_tokens_per_micro_batch > 0"),
+    (["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=512", "trainer.world_size=2",
+      "actor.parallel.cp=2"], "actor.pack_sequences = true with actor.parallel.cp = 2"),
+    (["actor.old_logprobs=engine"], "'actor.old_logprobs' = 'engine' is not allowed: use actor or rollout"),
+])
+def test_micro_batch_options_that_cannot_work_are_refused(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config("quickstart", overrides)
+
+
 def test_missing_model_path(tmp_path):
     with pytest.raises(ConfigError, match=r"model.path '.*nope' does not exist"):
         load_config("quickstart", [f"model.path={tmp_path}/nope"])

@@ -37,16 +37,27 @@ def balanced_partition(lengths: list[int], parts: int) -> list[list[int]]:
     return sorted(groups, key=lambda g: g[0] if g else len(lengths))
 
 
-def token_budget_micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+def token_budget_micro_batches(lengths: list[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
     """Indices of ``lengths`` in micro-batches whose padded size (rows x longest row) stays within ``max_tokens``:
     sequences taken longest first, so each micro-batch holds rows of similar length and padding stays small. A
-    sequence longer than the budget gets a micro-batch of its own."""
+    sequence longer than the budget gets a micro-batch of its own. ``packed`` (sequences end to end, no padding):
+    the sum of the lengths stays within the budget instead, each sequence going to the first micro-batch with room
+    (first fit decreasing)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     batches: list[list[int]] = []
+    used: list[int] = []         # packed: tokens in each micro-batch
     longest = 0
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        if batches and (len(batches[-1]) + 1) * longest <= max_tokens:
+        if packed:
+            fits = [b for b, n in enumerate(used) if n + lengths[i] <= max_tokens]
+            if fits:
+                batches[fits[0]].append(i)
+                used[fits[0]] += lengths[i]
+                continue
+            used.append(lengths[i])
+            batches.append([i])
+        elif batches and (len(batches[-1]) + 1) * longest <= max_tokens:
             batches[-1].append(i)
         else:
             batches.append([i])

@@ -1,9 +1,9 @@
 """One optimizer step on the same batch gives the same weights in every layout as in one process: the loss shares,
-micro-batching (fixed-size, or token-budget micro-batches of rows of similar length, cut to their longest row),
-data-parallel averaging and context-parallel split add up to exactly the global loss's gradient.
-The actor's loss includes an entropy bonus (vocab-parallel under TP; at TP2 its logits are taken 7 tokens at a
-time, so the output layer's chunks and their recompute in the backward pass are checked too); the critic's value head is checked the same
-way, through its values after one step.
+micro-batching (fixed-size, token-budget micro-batches of rows of similar length cut to their longest row, or their
+sequences packed end to end in one row), data-parallel averaging and context-parallel split add up to exactly the
+global loss's gradient. The actor's loss includes an entropy bonus (vocab-parallel under TP; at TP2 its logits are
+taken 7 tokens at a time, so the output layer's chunks and their recompute in the backward pass are checked too);
+the critic's value head is checked the same way, through its values after one step.
 
 Adam's usual first step is lr * sign(g): blind to a mis-scaled loss. With beta1 = 0 and eps far above |g| its
 update is lr * g / (|g| + eps), i.e. nearly linear in g, so a wrong factor anywhere shows. (Megatron's distributed
@@ -29,12 +29,14 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    out, path, role, tp, pp, cp, mbs, sp, tokens, chunk = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:11])
+    out, path, role, tp, pp, cp, mbs, sp, tokens, chunk, packed = (sys.argv[1], sys.argv[2], sys.argv[3],
+                                                                 *map(int, sys.argv[4:12]))
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
     cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)),
-                      entropy_coef=0.1, max_tokens_per_micro_batch=tokens, logprob_chunk_tokens=chunk)
+                      entropy_coef=0.1, max_tokens_per_micro_batch=tokens, logprob_chunk_tokens=chunk,
+                      pack_sequences=bool(packed))
     model = (MegatronActor if role == "actor" else MegatronCritic)(QWEN3, hf, cfg, SPECS[0],
                                                                   hf_state=read_hf_weights(path))
     g = torch.Generator().manual_seed(0)
@@ -64,33 +66,37 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel, token budget per micro-batch,
-             #        actor's logprob_chunk_tokens)
-    "one-process-microbatched": (1, 1, 1, 1, 3, 0, 0, 0),
-    "dp2": (2, 1, 1, 1, 4, 0, 0, 0),
-    "tp2": (2, 2, 1, 1, 8, 0, 0, 7),
-    "tp2-sp": (2, 2, 1, 1, 8, 1, 0, 7),
-    "pp2": (2, 1, 2, 1, 2, 0, 0, 0),
-    "cp2": (2, 1, 1, 2, 8, 0, 0, 0),
+             #        actor's logprob_chunk_tokens, sequences packed into one row)
+    "one-process-microbatched": (1, 1, 1, 1, 3, 0, 0, 0, 0),
+    "dp2": (2, 1, 1, 1, 4, 0, 0, 0, 0),
+    "tp2": (2, 2, 1, 1, 8, 0, 0, 7, 0),
+    "tp2-sp": (2, 2, 1, 1, 8, 1, 0, 7, 0),
+    "pp2": (2, 1, 2, 1, 2, 0, 0, 0, 0),
+    "cp2": (2, 1, 1, 2, 8, 0, 0, 0, 0),
     # sequences of 5 to 10 tokens, 20 tokens per micro-batch: 2 to 4 rows each, as wide as their longest row; the
     # two DP2 shares pack into different numbers of micro-batches until evened out
-    "budget": (1, 1, 1, 1, 1, 0, 20, 0),
-    "budget-dp2": (2, 1, 1, 1, 1, 0, 20, 0),
-    "budget-tp2": (2, 2, 1, 1, 1, 0, 20, 0),
-    "budget-pp2": (2, 1, 2, 1, 1, 0, 20, 0),
+    "budget": (1, 1, 1, 1, 1, 0, 20, 0, 0),
+    "budget-dp2": (2, 1, 1, 1, 1, 0, 20, 0, 0),
+    "budget-tp2": (2, 2, 1, 1, 1, 0, 20, 0, 0),
+    "budget-pp2": (2, 1, 2, 1, 1, 0, 20, 0, 0),
+    # the same budget in tokens without padding: 2 to 4 sequences end to end in each micro-batch's single row
+    "packed": (1, 1, 1, 1, 1, 0, 20, 0, 1),
+    "packed-tp2-sp": (2, 2, 1, 1, 1, 1, 20, 0, 1),
+    "packed-pp2": (2, 1, 2, 1, 1, 0, 20, 0, 1),
 }
 BUDGETS = [name for name, layout in LAYOUTS.items() if layout[6]]
 
 
-def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, tokens, chunk, role="actor"):
+def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, tokens, chunk, packed, role="actor"):
     return run_ranks(RANK_SCRIPT, tmp_path, procs, 29661, tmp_path / f"{role}-{name}.safetensors", checkpoint, role,
-                     tp, pp, cp, mbs, sp, tokens, chunk)
+                     tp, pp, cp, mbs, sp, tokens, chunk, packed)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_qwen3):
     """The checkpoint both sides start from, and one step on the whole batch in one process."""
     tmp = tmp_path_factory.mktemp("grad")
-    return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0, 0, 0)
+    return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -108,7 +114,7 @@ def test_one_step_equals_one_process(reference, layout):
 @pytest.fixture(scope="module")
 def critic_reference(reference):
     tmp, checkpoint, _ = reference
-    return one_step(tmp, "reference", checkpoint, 1, 1, 1, 1, 8, 0, 0, 0, role="critic")["values"]
+    return one_step(tmp, "reference", checkpoint, 1, 1, 1, 1, 8, 0, 0, 0, 0, role="critic")["values"]
 
 
 @pytest.mark.parametrize("layout", ["dp2", "tp2-sp", "pp2", "cp2", *BUDGETS])

@@ -186,6 +186,12 @@ def _check_layout(section: str, model, world: int, world_key: str) -> None:
     if p.sp and p.tp == 1:
         raise ConfigError(f"{section}.parallel.sp = true needs {section}.parallel.tp > 1 (it splits sequences over "
                           f"TP ranks)")
+    if model.pack_sequences and not model.max_tokens_per_micro_batch:
+        raise ConfigError(f"{section}.pack_sequences = true needs {section}.max_tokens_per_micro_batch > 0 (the "
+                          f"tokens packed into each micro-batch's row), e.g. 8192")
+    if model.pack_sequences and p.cp > 1:
+        raise ConfigError(f"{section}.pack_sequences = true with {section}.parallel.cp = {p.cp}: packed sequences "
+                          f"are not split over context-parallel ranks yet; use cp=1 or pack_sequences=false")
 
 
 def check_runnable_here(cfg: Config) -> None:

@@ -88,6 +88,8 @@ class TrainedModelConfig:
     micro_batch_size: int = 64    # sequences per forward/backward pass
     max_tokens_per_micro_batch: int = 0   # > 0: instead, micro-batches of rows of similar length, at most this many
                                   # tokens each counting padding (fewer padded tokens for long-tailed responses)
+    pack_sequences: bool = False  # with max_tokens_per_micro_batch: each micro-batch's sequences end to end in one
+                                  # row, no padding, attention kept within each (the budget then counts tokens)
     mini_batches: int = 1         # optimizer updates per rollout batch
     epochs: int = 1               # passes over each rollout batch
     dtype: str = "float32"        # float32 | bfloat16

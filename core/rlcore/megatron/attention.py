@@ -56,8 +56,10 @@ class SDPAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
-        if attention_bias is not None or packed_seq_params is not None:
-            raise NotImplementedError("SDPAttention: attention_bias and packed sequences are not supported")
+        if attention_bias is not None:
+            raise NotImplementedError("SDPAttention: attention_bias is not supported")
+        if packed_seq_params is not None:
+            return self._packed(query, key, value, packed_seq_params)
         keep = None if attention_mask is None else ~attention_mask     # Megatron masks True = hidden
         if self.config.context_parallel_size > 1:
             key, value, keep = self._whole_sequence_kv(query, key, value)
@@ -67,6 +69,23 @@ class SDPAttention(torch.nn.Module):
             dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale,
             enable_gqa=q.size(1) != k.size(1))
         return out.permute(2, 0, 1, 3).reshape(out.size(2), out.size(0), -1)
+
+    def _packed(self, query, key, value, params):
+        """Sequences packed end to end ("thd": query [t, heads, d], key/value [t, groups, d], boundaries in
+        ``params.cu_seqlens_q``): one causal attention per sequence, so none attends to another. Returns
+        [t, heads * d_v]."""
+        if params.qkv_format != "thd" or self.config.context_parallel_size > 1:
+            raise NotImplementedError("SDPAttention packs sequences in the thd format without context parallelism")
+        bounds = params.cu_seqlens_q.tolist()
+        pieces = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))   # [1, h, s, d]
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                                 dropout_p=self.dropout if self.training else 0.0,
+                                                 scale=self.softmax_scale, enable_gqa=q.size(1) != k.size(1))
+            pieces.append(out[0].transpose(0, 1))                                                 # [s, h, d_v]
+        out = torch.cat(pieces)
+        return out.reshape(out.size(0), -1)
 
     def _whole_sequence_kv(self, query, key, value):
         from megatron.core import parallel_state as mpu

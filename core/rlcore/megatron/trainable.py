@@ -5,7 +5,8 @@ read off the model's output per token (``token_outputs``).
 Every pass runs through Megatron's ``forward_backward_func`` over micro-batches, so the same code serves every
 pipeline schedule: ``micro_batch_size`` rows each, or, with ``max_tokens_per_micro_batch``, rows of similar length
 packed up to that many (padded) tokens, each micro-batch only as wide as its longest row, and as many on every
-data-parallel rank. Each rank is given its data-parallel share.
+data-parallel rank; with ``pack_sequences`` too, each micro-batch's sequences run end to end in one row, without
+padding (``rlcore.megatron.packing``). Each rank is given its data-parallel share.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rlcore.balance import split_to_count, token_budget_micro_batches
 from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch
 from rlcore.lr_schedule import learning_rate
+from rlcore.megatron.packing import pack, sequence_lengths, unpack
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
 
@@ -54,18 +56,10 @@ def _select_columns(batch: Batch, index: torch.Tensor) -> Batch:
                  batch.meta)
 
 
-def _row_lengths(batch: Batch) -> list[int]:
-    """Each row's tokens (prompt and response); the full width where rows do not say."""
-    width = batch["input_ids"].shape[1]
-    if "prompt_len" not in batch.tensors:
-        return [width] * len(batch)
-    return (batch["prompt_len"] + batch["response_len"]).tolist()
-
-
-def _padding_fraction(batch: Batch, micro: list[Batch], rows: list[list[int]]) -> float:
-    """The share of the positions the micro-batches compute that hold no token of a row (filler rows included)."""
-    lengths = _row_lengths(batch)
-    computed = sum(m["input_ids"].numel() for m in micro)
+def _padding_fraction(batch: Batch, computed: int, rows: list[list[int]]) -> float:
+    """The share of the ``computed`` positions of the micro-batches that hold no token of a row (filler rows
+    included)."""
+    lengths = sequence_lengths(batch).tolist()
     return 1.0 - sum(lengths[i] for part in rows for i in part) / computed
 
 
@@ -163,24 +157,31 @@ class MegatronTrainable:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micro, rows = self._micro_batches(batch)
+        packs = [pack(m, self.sequence_multiple) for m in micro] if self.cfg.pack_sequences else [None] * len(micro)
         outputs: list[torch.Tensor] = []
         # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the
         # schedule itself makes up for the average over context-parallel ranks)
         scale = len(micro) * self.dp_size
 
         def forward_step(data_iterator, chunk):
-            mb = next(data_iterator)
-            ids = mb["input_ids"]
-            labels = torch.roll(ids, -1, dims=1)
-            positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
-            if self.cp_size > 1:   # this rank's zigzag chunks of every per-token tensor
-                index = self._cp_index(ids.shape[1])
-                mb = _select_columns(mb, index)
-                ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
-            output = chunk(ids, positions, None)
+            mb, packed = next(data_iterator)
+            if packed is not None:   # one row, sequences end to end; outputs go back to the micro-batch's layout
+                labels = packed.labels
+                output = chunk(packed.ids, packed.positions, None, packed_seq_params=packed.params)
+            else:
+                ids = mb["input_ids"]
+                labels = torch.roll(ids, -1, dims=1)
+                positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+                if self.cp_size > 1:   # this rank's zigzag chunks of every per-token tensor
+                    index = self._cp_index(ids.shape[1])
+                    mb = _select_columns(mb, index)
+                    ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
+                output = chunk(ids, positions, None)
 
             def loss_func(output):
                 per_token, more = self.token_outputs(output, labels, extras)
+                if packed is not None:
+                    per_token, more = unpack(per_token, packed), {k: unpack(v, packed) for k, v in more.items()}
                 if loss_fn is None:
                     outputs.append(per_token.detach())
                     return per_token.sum() * 0.0, {}
@@ -189,18 +190,20 @@ class MegatronTrainable:
 
             return output, loss_func
 
+        shapes = [p.ids.shape if p is not None else m["input_ids"].shape for m, p in zip(micro, packs)]
         with hook(model) if hook else nullcontext():
             results = get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-                num_microbatches=len(micro), seq_length=max(m["input_ids"].shape[1] for m in micro) // self.cp_size,
-                micro_batch_size=max(len(m) for m in micro), forward_only=forward_only)
-        return results, list(zip(rows, outputs)), _padding_fraction(batch, micro, rows)
+                forward_step_func=forward_step, data_iterator=iter(zip(micro, packs)), model=[model],
+                num_microbatches=len(micro), seq_length=max(s[1] for s in shapes) // self.cp_size,
+                micro_batch_size=max(s[0] for s in shapes), forward_only=forward_only)
+        return results, list(zip(rows, outputs)), _padding_fraction(batch, sum(a * b for a, b in shapes), rows)
 
     def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
         """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).
         Fixed size: ``micro_batch_size`` consecutive rows (the last one filled up with zero-mask copies: pipeline
         schedules need equal shapes). Token budget: ``rlcore.balance`` packs rows longest first, the count is
-        raised to the data-parallel ranks' largest, and each micro-batch is cut to its longest row."""
+        raised to the data-parallel ranks' largest, and each micro-batch is cut to its longest row (packed
+        sequences: up to the budget in tokens, first fit, longest first)."""
         from megatron.core import parallel_state as mpu
 
         budget = self.cfg.max_tokens_per_micro_batch
@@ -208,8 +211,8 @@ class MegatronTrainable:
             mbs = min(self.cfg.micro_batch_size, len(batch))
             rows = [list(range(i, min(i + mbs, len(batch)))) for i in range(0, len(batch), mbs)]
             return _pad_rows(_pad_columns(batch, self.sequence_multiple), mbs).split(mbs), rows
-        width, lengths = batch["input_ids"].shape[1], _row_lengths(batch)
-        rows = token_budget_micro_batches(lengths, budget)
+        width, lengths = batch["input_ids"].shape[1], sequence_lengths(batch).tolist()
+        rows = token_budget_micro_batches(lengths, budget, packed=self.cfg.pack_sequences)
         count = torch.tensor([len(rows)])
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group_gloo())
         rows = split_to_count(rows, lengths, int(count.item()))
