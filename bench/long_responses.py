@@ -1,15 +1,19 @@
-"""Training passes on long-tailed response lengths: fixed-size micro-batches against the token budget, and the
-memory recompute saves.
+"""Training passes on long-tailed response lengths: fixed-size micro-batches against the token budget, with and
+without packing the sequences into one row, and the memory recompute saves.
 
     python bench/long_responses.py [--sequences 32] [--max-len 1024] [--budget 4096] [--micro-batch 4] [--repeats 2]
+                                   [--chunk 512]
 
 A GRPO-shaped update (one process, a Qwen3-shaped actor, fp32): ``--sequences`` rows, prompts of 32 tokens,
 responses drawn from a long-tailed (Pareto) law between 16 and ``--max-len`` tokens. Each configuration runs in its
 own process (peak memory is the process's maximum resident set): ``fixed`` (``micro_batch_size`` rows padded to the
-batch's longest), ``budget`` (``max_tokens_per_micro_batch``), and ``budget+full`` (the budget with full activation
-recompute). Prints trained (response) tokens per second over ``--repeats`` updates after a warm-up one, the padding
-fraction (padded positions of all positions the passes computed), the peak resident memory, and the ratios
-budget/fixed. Goal (issue 16): >= 1.6x the fixed-size throughput at no higher peak memory.
+batch's longest), ``budget`` (``max_tokens_per_micro_batch``), ``packed`` (the budget in tokens, each micro-batch's
+sequences end to end in one row: ``pack_sequences``), ``budget+full`` (the budget with full activation
+recompute) and ``budget+whole`` (the budget with the output layer and logprobs on all of a micro-batch's tokens at
+once; the others take ``--chunk`` tokens at a time: ``logprob_chunk_tokens``). Prints trained (response) tokens per second over ``--repeats`` updates after a warm-up one, the padding
+fraction (the update's ``actor/padding_frac``: padded positions of all positions the passes computed), the peak
+resident memory, and the ratios to fixed. Goal (issue 16): >= 1.6x the fixed-size throughput at no higher peak
+memory.
 """
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ import time
 
 SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, ffn_hidden_size=768)
 VOCAB = 4096
-CONFIGS = {"fixed": dict(recompute="none", budget=False), "budget": dict(recompute="none", budget=True),
-           "budget+full": dict(recompute="full", budget=True)}
+CONFIGS = {"fixed": dict(recompute="none", budget=False, pack=False, chunked=True),
+           "budget": dict(recompute="none", budget=True, pack=False, chunked=True),
+           "packed": dict(recompute="none", budget=True, pack=True, chunked=True),
+           "budget+full": dict(recompute="full", budget=True, pack=False, chunked=True),
+           "budget+whole": dict(recompute="none", budget=True, pack=False, chunked=False)}
 
 
 def response_lengths(n: int, longest: int, seed: int = 0) -> list[int]:
@@ -50,26 +57,25 @@ def run_config(args) -> None:
     lengths = response_lengths(args.sequences, args.max_len)
     hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, max_position_embeddings=32 + args.max_len, **SHAPE)
     cfg = ActorConfig(micro_batch_size=args.micro_batch, optim=OptimConfig(lr=1e-5), recompute=config["recompute"],
-                      max_tokens_per_micro_batch=args.budget if config["budget"] else 0)
+                      max_tokens_per_micro_batch=args.budget if config["budget"] else 0,
+                      pack_sequences=config["pack"], logprob_chunk_tokens=args.chunk if config["chunked"] else 0)
     actor = MegatronActor(QWEN3, hf, cfg, SPECS[0])
     g = torch.Generator().manual_seed(0)
     batch = Batch(build_sequences([torch.randint(1, VOCAB, (32,), generator=g).tolist() for _ in lengths],
                                   [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths], pad_id=0))
     tokens = float(batch["response_mask"].sum())
     micro, _ = actor._micro_batches(batch)
-    computed = sum(m["input_ids"].numel() for m in micro)
-    real = int((batch["prompt_len"] + batch["response_len"]).sum())
 
-    def update():
-        actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", tokens,
-                                                          len(batch)), {}))
+    def update() -> dict:
+        return actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", tokens,
+                                                                 len(batch)), {}))
 
-    update()                     # warm-up: the optimizer's state, allocator
+    padding = update()["actor/padding_frac"]      # warm-up: the optimizer's state, allocator
     start = time.perf_counter()
     for _ in range(args.repeats):
         update()
     seconds = (time.perf_counter() - start) / args.repeats
-    print(json.dumps({"tokens_per_s": tokens / seconds, "seconds": seconds, "padding": 1 - real / computed,
+    print(json.dumps({"tokens_per_s": tokens / seconds, "seconds": seconds, "padding": padding,
                       "micro_batches": len(micro),
                       "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
     shutdown_parallel()
@@ -82,6 +88,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=4096)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.config:
@@ -104,10 +111,15 @@ def main() -> None:
         print(f"{name:<12} {r['tokens_per_s']:>9.0f} {r['seconds']:>9.2f} {r['padding']:>8.1%} "
               f"{r['micro_batches']:>14} {r['peak_mb']:>8.0f}")
     fixed, budget, recompute = results["fixed"], results["budget"], results["budget+full"]
-    print(f"budget / fixed: {budget['tokens_per_s'] / fixed['tokens_per_s']:.2f}x throughput, "
-          f"{budget['peak_mb'] / fixed['peak_mb']:.2f}x peak memory (goal: >= 1.6x at <= 1.0x); "
+    for name in ("budget", "packed"):
+        print(f"{name} / fixed: {results[name]['tokens_per_s'] / fixed['tokens_per_s']:.2f}x throughput, "
+              f"{results[name]['peak_mb'] / fixed['peak_mb']:.2f}x peak memory (goal: >= 1.6x at <= 1.0x)")
+    print(f"packed / budget: {results['packed']['tokens_per_s'] / budget['tokens_per_s']:.2f}x throughput; "
           f"full recompute: {budget['peak_mb'] - recompute['peak_mb']:.0f} MB less peak memory, "
           f"{recompute['tokens_per_s'] / budget['tokens_per_s']:.2f}x the budget's throughput")
+    whole = results["budget+whole"]
+    print(f"logits {args.chunk} tokens at a time: {whole['peak_mb'] - budget['peak_mb']:.0f} MB less peak memory "
+          f"than all at once, {budget['tokens_per_s'] / whole['tokens_per_s']:.2f}x its throughput")
 
 
 if __name__ == "__main__":
