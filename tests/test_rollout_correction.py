@@ -137,7 +137,7 @@ class RecordingActor:
         return metrics
 
 
-def actor_train_step(old_logprobs="actor", **options):
+def actor_train_step(old_logprobs="actor", ref_logprobs=None, **options):
     """ActorRolloutWorker.train_step's loss on one micro-batch (no Megatron): the GRPO loss with ``options``, the
     old policy's logprobs from ``old_logprobs`` (actor.old_logprobs)."""
     from types import SimpleNamespace
@@ -152,6 +152,8 @@ def actor_train_step(old_logprobs="actor", **options):
     worker.actor, worker.engine = RecordingActor(), SimpleNamespace(mark_updated=lambda: None)
     share = dict(logp=OLD + 0.1, old_logprobs=OLD, rollout_logprobs=ROLLOUT, response_mask=MASK,
                  advantages=torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]))
+    if ref_logprobs is not None:
+        share["ref_logprobs"] = ref_logprobs
     metrics = worker.train_step(share, total_tokens=4.0, total_sequences=2.0, on_policy=False)
     return worker.actor, metrics, share
 
@@ -184,6 +186,24 @@ def test_the_actor_weights_its_policy_loss_and_drops_rejected_sequences_over_the
     torch.testing.assert_close(actor.loss, expected.detach())
     assert actor.grad[1].abs().sum() == 0
     assert metrics["rollout_corr/rejected_seq_frac"] == 0.5 and metrics["rollout_corr/tis_clip_frac"] == 0.25
+
+
+def test_the_correction_weights_the_surrogate_and_leaves_the_kl_term_alone():
+    """As verl: the importance weights multiply the clipped surrogate (through the advantages, in which it is
+    positively homogeneous, dual-clip included); the KL-in-loss term keeps weight 1."""
+    from rlcore.losses import clipped_surrogate, kl_estimate
+    options = dict(rollout_is="token", rollout_is_threshold=3.0, kl_coef=0.5, clip_ratio_c=3.0)
+    actor, _, share = actor_train_step(ref_logprobs=OLD - 0.2, **options)
+    logp = share["logp"].clone().requires_grad_(True)
+    surrogate, _ = clipped_surrogate(logp, share["old_logprobs"], share["advantages"], MASK, 0.2, 0.2, 3.0)
+    weights = torch.tensor([[2.0, 0.5, 2.0], [3.0, 0.0, 0.0]])
+    kl = kl_estimate(logp, share["ref_logprobs"], "k3")
+    expected = aggregate(surrogate * weights + 0.5 * kl, MASK, "token-mean", 4.0, 2.0)
+    expected.backward()
+    torch.testing.assert_close(actor.loss, expected.detach())
+    torch.testing.assert_close(actor.grad, logp.grad)
+    weighted_kl = aggregate((surrogate + 0.5 * kl) * weights, MASK, "token-mean", 4.0, 2.0)
+    assert abs(float(weighted_kl) - float(actor.loss)) > 1e-3        # the check tells the two apart
 
 
 def test_the_actor_normalises_dr_grpo_by_the_maximum_response_length():

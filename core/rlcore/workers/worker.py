@@ -178,17 +178,19 @@ class ActorRolloutWorker(Worker):
                 old, trainer = mb["rollout_logprobs"], logp.detach()
             else:                # on-policy, the first update's own forward *is* the old policy: exact, one forward
                 old = trainer = logp.detach() if on_policy else mb["old_logprobs"]
-            per_token, m = self.algorithm.policy_loss(logp, old, mb["advantages"], mask,
-                                                      mb["ref_logprobs"] if "ref_logprobs" in mb else None,
-                                                      self.algo_cfg)
             # the engine sampled with the old policy's weights: their logprobs should agree; the gap is always
-            # measured, and corrected where the algorithm's rollout_is / rollout_rs_* ask (weights on the policy
-            # loss, rejected sequences out of the mask; the normalisers stay the mini-batch totals)
-            m.update(mismatch_metrics(trainer, mb["rollout_logprobs"], mask))
+            # measured, and corrected where the algorithm's rollout_is / rollout_rs_* ask: importance weights on the
+            # advantages (a clipped surrogate is positively homogeneous in them, so this weights the surrogate and
+            # leaves a KL-in-loss term alone, as verl does), rejected sequences out of the mask; the normalisers
+            # stay the mini-batch totals
+            m = mismatch_metrics(trainer, mb["rollout_logprobs"], mask)
             weights, kept, corrected = correction(old, mb["rollout_logprobs"], mask, self.algo_cfg)
+            advantages = mb["advantages"] if weights is None else mb["advantages"] * weights
+            per_token, loss_metrics = self.algorithm.policy_loss(logp, old, advantages, mask,
+                                                                 mb["ref_logprobs"] if "ref_logprobs" in mb else None,
+                                                                 self.algo_cfg)
+            m.update(loss_metrics)
             m.update(corrected)
-            if weights is not None:
-                per_token = per_token * weights
             if entropy_coef > 0:   # the bonus: higher entropy, lower loss
                 per_token = per_token - entropy_coef * entropy
             m["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
