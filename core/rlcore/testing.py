@@ -75,6 +75,18 @@ def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
     return model.eval()
 
 
+def random_hf_state(hf_config: dict, scale: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every weight of ``hf_config``'s model drawn from N(0, scale^2), HF-named, for an in-process Megatron model in
+    a test (``hf_state=``); the shapes come from a model built on the meta device, so nothing is allocated twice."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        shapes = {n: p.shape for n, p in
+                  AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf_config)).named_parameters()}
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) * scale for n, s in shapes.items()}
+
+
 def build_megatron(spec: ModelSpec, path: str):
     """The Megatron model (eval) and converter for ``path``, in this process's parallel state."""
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights

@@ -6,21 +6,13 @@ import torch
 from rlcore.config.schema import ActorConfig, CriticConfig, OptimConfig
 from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate, masked_mean
+from rlcore.testing import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 
 HF = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                           ffn_hidden_size=64, max_position_embeddings=16)
 BATCH = Batch(build_sequences([[1, 2, 3], [4, 5]], [[6, 7, 8], [9]], pad_id=0))   # a response of length 1
-
-
-def random_state():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        shapes = {n: p.shape for n, p in Qwen3ForCausalLM(Qwen3Config(**HF)).named_parameters()}
-    return {n: torch.randn(s) * 0.5 for n, s in shapes.items()}
 
 
 def full_logits(model, batch):
@@ -34,7 +26,7 @@ def test_entropy_equals_torch_and_leaves_logprobs_exact(entropy_coef):
     from rlcore.megatron.actor import MegatronActor
 
     actor = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, entropy_coef=entropy_coef), SPECS[0],
-                          hf_state=random_state())
+                          hf_state=random_hf_state(HF, 0.5))
     logits = full_logits(actor.model, BATCH)
     expected_h = torch.distributions.Categorical(logits=logits).entropy()
     expected_logp = torch.log_softmax(logits, -1).gather(-1, torch.roll(BATCH["input_ids"], -1, 1)[..., None])[..., 0]
@@ -55,8 +47,8 @@ def test_entropy_bonus_raises_entropy():
     """Descending on -entropy alone must make the policy less certain."""
     from rlcore.megatron.actor import MegatronActor
 
-    actor = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, entropy_coef=1.0,
-                                                 optim=OptimConfig(lr=1e-2)), SPECS[0], hf_state=random_state())
+    actor = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, entropy_coef=1.0, optim=OptimConfig(lr=1e-2)),
+                          SPECS[0], hf_state=random_hf_state(HF, 0.5))
     mask = BATCH["response_mask"]
     before = masked_mean(torch.distributions.Categorical(logits=full_logits(actor.model, BATCH)).entropy(), mask)
     for _ in range(5):
@@ -70,7 +62,7 @@ def test_value_head_starts_at_zero_and_learns_its_targets():
     from rlcore.megatron.critic import MegatronCritic
 
     critic = MegatronCritic(QWEN3, HF, CriticConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-2)), SPECS[0],
-                            hf_state=random_state())
+                            hf_state=random_hf_state(HF, 0.5))
     head = dict(critic.model.named_parameters())["output_layer.weight"]
     assert head.shape == (1, HF["hidden_size"]), "the LM head is replaced by a scalar value head"
     mask = BATCH["response_mask"]

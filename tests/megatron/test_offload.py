@@ -6,6 +6,7 @@ from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
 from rlcore.megatron.actor import MegatronActor
+from rlcore.testing import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 
@@ -19,16 +20,7 @@ def loss(lp, mb):
 
 
 def fresh_actor():
-    torch.manual_seed(0)
-    state = {n: torch.randn(s) * 0.1 for n, s in [(n, p.shape) for n, p in _shapes().items()]}
-    return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=4), SPECS[0], hf_state=state)
-
-
-def _shapes():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    with torch.device("meta"):
-        return dict(Qwen3ForCausalLM(Qwen3Config(**HF)).named_parameters())
+    return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=4), SPECS[0], hf_state=random_hf_state(HF, 0.1))
 
 
 def test_offload_round_trip_frees_storage_and_changes_nothing():

@@ -10,6 +10,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
 from rlcore.megatron.actor import MegatronActor
 from rlcore.megatron.vocab_parallel import entropy, label_logprobs
+from rlcore.testing import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 
@@ -21,18 +22,9 @@ BATCH = Batch(build_sequences([[1, 2, 3], [5, 6], [7, 8, 9, 10], [3]], [[4, 5, 6
 TEMPERATURE = 0.7
 
 
-def hf_state():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        shapes = {n: p.shape for n, p in Qwen3ForCausalLM(Qwen3Config(**HF)).named_parameters()}
-    return {n: torch.randn(s) * 0.1 for n, s in shapes.items()}
-
-
 def build(chunk_tokens: int) -> MegatronActor:
     return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, logprob_chunk_tokens=chunk_tokens,
-                                                entropy_coef=0.01), SPECS[0], hf_state=hf_state())
+                                                entropy_coef=0.01), SPECS[0], hf_state=random_hf_state(HF, 0.1))
 
 
 class LargestVocabTensor(TorchDispatchMode):

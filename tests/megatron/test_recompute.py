@@ -8,6 +8,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
 from rlcore.megatron.actor import MegatronActor
 from rlcore.megatron.critic import MegatronCritic
+from rlcore.testing import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 
@@ -19,21 +20,12 @@ BATCH["returns"] = torch.linspace(-1, 1, BATCH["input_ids"].numel()).view(BATCH[
 RERUN = {"selective": "self_attention.core_attention", "full": ""}
 
 
-def hf_state():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        shapes = {n: p.shape for n, p in Qwen3ForCausalLM(Qwen3Config(**HF)).named_parameters()}
-    return {n: torch.randn(s) * 0.1 for n, s in shapes.items()}
-
-
 def build(role, recompute):
     if role == "actor":
         return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, recompute=recompute), SPECS[0],
-                             hf_state=hf_state())
+                             hf_state=random_hf_state(HF, 0.1))
     return MegatronCritic(QWEN3, HF, CriticConfig(micro_batch_size=2, recompute=recompute), SPECS[0],
-                          hf_state=hf_state())
+                          hf_state=random_hf_state(HF, 0.1))
 
 
 def update(model, role):
