@@ -1,0 +1,190 @@
+"""SGLang's offline ``Engine`` as an rlcore RolloutBackend (a tokenizer-free engine fed token ids).
+
+Unlike the vLLM backend the engine does not run in this process: SGLang starts a scheduler process (the model, its KV
+cache, sampling) and a detokenizer process, and talks to them over ZeroMQ; weight updates are handed over as tensors
+in shared memory (``update_weights_from_tensor``), without a file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import time
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from rlcore.specs import Generation, RolloutBackend
+
+BUCKET_BYTES = 256 << 20    # weights handed to the engine per update_weights_from_tensor call
+log = logging.getLogger(__name__)
+
+
+class SGLangRollout(RolloutBackend):
+    can_release_memory = False  # on CPU SGLang cannot release memory (its memory saver is CUDA-only)
+
+    def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
+                 distributed: bool = False, **engine_overrides: Any):
+        if distributed or getattr(cfg, "tp", 1) != 1:
+            from rlcore.errors import ConfigError
+
+            raise ConfigError("rollout.backend=sglang runs one engine per trainer rank for now: set rollout.tp=1 and "
+                              "run one trainer process (trainer.world_size=1)")
+        cpu = not torch.cuda.is_available()
+        if cpu:
+            from rlcore_rollout_sglang import cpu as shims
+
+            shims.enable()
+        import psutil
+        import sglang
+
+        args: dict[str, Any] = dict(model_path=model_path, skip_tokenizer_init=True, random_seed=seed,
+                                    log_level="error", skip_server_warmup=True)
+        if max_model_len is not None:
+            args["context_length"] = max_model_len
+        if cpu:
+            args.update(device="cpu", dtype="float32",
+                        attention_backend="torch_native",  # the CPU default (intel_amx) needs the real sgl_kernel
+                        sampling_backend="pytorch", disable_cuda_graph=True,
+                        sleep_on_idle=True,                # else the idle scheduler busy-polls a core
+                        mem_fraction_static=0.05,
+                        max_total_tokens=_kv_cache_tokens(model_path, cfg.kv_cache_gib))
+        args.update(engine_overrides)
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        start_method = multiprocessing.get_start_method(allow_none=True)
+        self.engine = sglang.Engine(**args)
+        multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
+        self._pids = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        self._seeds_warned = False
+        self._rng = random.Random(seed)
+
+    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
+                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
+        """One request per sample. SGLang's returned logprobs are already the sampling policy's (log of the softmax
+        of logits / temperature; at temperature 0, of the logits), the vLLM backend's processed logprobs.
+
+        Seeds: each sample gets its own ``sampling_seed``, but SGLang 0.5.23 uses it only in its deterministic-inference
+        mode, whose attention backends are GPU-only; on CPU the samples come from the scheduler's global generator
+        (seeded once with the engine's seed), so they depend on the calls made before. Warned once."""
+        if seeds is not None and not torch.cuda.is_available() and not self._seeds_warned:
+            self._seeds_warned = True
+            log.warning("rollout.backend=sglang on CPU cannot seed each prompt (SGLang applies sampling_seed only in "
+                        "its GPU-only deterministic mode): samples depend on the engine's seed and call order")
+        base = list(seeds) if seeds is not None else [self._rng.getrandbits(62) for _ in prompts]
+        params = [{"n": 1, "temperature": temperature, "max_new_tokens": max_tokens,
+                   "sampling_seed": _sample_seed(s, k)} for s in base for k in range(n)]
+        out = self.engine.generate(input_ids=[list(p) for p in prompts for _ in range(n)], sampling_params=params,
+                                   return_logprob=True)
+        gens = [Generation(list(o["output_ids"]), [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]],
+                           _finish_reason(o["meta_info"]["finish_reason"])) for o in out]
+        return [gens[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
+        """Prompt logprobs at temperature 1. SGLang's window starts at ``logprob_start_len`` and has no logprob for
+        its first token, so it starts one token before ``start``."""
+        if any(s < 1 for s in start):
+            raise ValueError("score: a sequence's first token has no logprob (start must be >= 1)")
+        out = self.engine.generate(input_ids=[list(s) for s in sequences],
+                                   sampling_params={"max_new_tokens": 1, "temperature": 1.0},
+                                   return_logprob=True, logprob_start_len=[s - 1 for s in start])
+        result = []
+        for o, seq, st in zip(out, sequences, start):
+            window = o["meta_info"]["input_token_logprobs"][1:]
+            if len(window) != len(seq) - st:
+                raise RuntimeError(f"SGLang returned {len(window)} prompt logprobs for {len(seq) - st} tokens")
+            result.append([lp for lp, _, _ in window])
+        return result
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hands the stream to the engine bucket by bucket (at most ``BUCKET_BYTES`` each, as shared-memory tensors)
+        inside one weight-update session, then flushes the prefix cache so no KV computed with the old weights is
+        reused."""
+        _check(self.engine.begin_weight_update(), "begin_weight_update")
+        try:
+            bucket: list[tuple[str, torch.Tensor]] = []
+            size = 0
+            for name, tensor in named_tensors:
+                bucket.append((name, tensor.detach()))
+                size += tensor.numel() * tensor.element_size()
+                if size >= BUCKET_BYTES:
+                    self._push(bucket)
+                    bucket, size = [], 0
+            if bucket:
+                self._push(bucket)
+        finally:
+            _check(self.engine.end_weight_update(), "end_weight_update")
+        self.flush_cache()
+
+    def _push(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        _check(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False),
+               "update_weights_from_tensor")
+
+    def flush_cache(self, timeout: float = 30.0) -> None:
+        """SGLang refuses a flush while requests are still being retired; retry until it takes."""
+        deadline = time.monotonic() + timeout
+        while not self.engine.flush_cache().success:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang did not flush its prefix cache within {timeout:g} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """Shuts the engine down and waits for its processes (idempotent). SGLang's own ``shutdown`` kills every child
+        of this process; here only the engine's own processes are killed."""
+        engine = vars(self).pop("engine", None)
+        if engine is None:
+            return
+        import atexit
+
+        import psutil
+        from sglang.srt.entrypoints import engine as engine_module
+
+        atexit.unregister(engine.shutdown)
+        kill_tree = engine_module.kill_process_tree
+
+        def kill_engine_processes(parent_pid, include_parent=True, skip_pid=None, wait_timeout=60):
+            procs = []
+            for pid in self._pids:
+                try:
+                    procs.append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    pass
+            for p in procs:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(procs, timeout=wait_timeout)
+
+        engine_module.kill_process_tree = kill_engine_processes
+        try:
+            engine.shutdown()
+        finally:
+            engine_module.kill_process_tree = kill_tree
+
+
+def _sample_seed(prompt_seed: int, k: int) -> int:
+    """Sample k of a prompt's n: a function of the prompt's seed alone."""
+    return (prompt_seed * 1_000_003 + k) % (1 << 62)
+
+
+def _finish_reason(reason: dict | None) -> str:
+    """SGLang's ``{"type": "stop"|"length"|"abort", ...}`` as vLLM's finish reason string."""
+    return (reason or {}).get("type", "")
+
+
+def _check(result: Any, what: str) -> None:
+    success, message = (result.success, result.message) if hasattr(result, "success") else (result[0], result[1])
+    if not success:
+        raise RuntimeError(f"SGLang {what} failed: {message}")
+
+
+def _kv_cache_tokens(model_path: str, gib: float) -> int:
+    """Tokens of KV cache that ``gib`` GiB hold for the checkpoint at ``model_path`` (fp32 on CPU)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        hf = json.load(f)
+    heads = hf.get("num_key_value_heads", hf["num_attention_heads"])
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    per_token = 2 * hf["num_hidden_layers"] * heads * head_dim * 4
+    return max(1024, int(gib * (1 << 30)) // per_token)

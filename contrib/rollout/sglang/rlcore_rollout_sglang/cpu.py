@@ -1,0 +1,87 @@
+"""The shims that let SGLang (pinned: 0.5.23) run on a CPU from PyPI packages alone, next to vLLM's CPU build.
+
+``rlcore_rollout_sglang.pth`` (shipped at the top of site-packages) runs ``rlcore_rollout_sglang.startup`` at every
+interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the functions below when the module
+they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too. Each names what
+it works around; ``tests/test_cpu_shims.py`` shows each is still needed, so a shim that a later SGLang (or
+torchvision) no longer needs shows up as a failing test. The third workaround is not code: ``requirements-sglang.txt``
+installs SGLang with ``--no-deps`` and pins what it imports, because its declared dependencies pin a CUDA torch and
+CUDA-only kernel packages.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.machinery
+import importlib.util
+import mmap
+import os
+import sys
+from typing import Any
+
+from rlcore_rollout_sglang.startup import ENV
+
+SHIMS = ("torchvision_op_schemas", "sgl_kernel_stand_in")
+_keep: list[Any] = []    # the torch.library registration must stay alive
+
+
+def torchvision_op_schemas() -> bool:
+    """Works around: PyPI's torchvision (0.28.0) is built for CUDA, so under the CPU torch its C extension cannot load
+    and its ops are never defined; two of its meta-kernel registrations (``register_fake("torchvision::nms")`` and
+    ``"torchvision::qnms"``) are not guarded on the extension having loaded and raise ``operator torchvision::nms does
+    not exist`` at ``import torchvision``. SGLang's config package imports ``torchvision.transforms`` (pure Python),
+    and transformers imports torchvision wherever it is installed (its model classes then fail to import). Defines
+    those two op schemas (no kernels: calling the ops still fails) before torchvision is first imported, only when
+    torchvision's extension is a CUDA build and torch is not. Returns whether it defined them."""
+    if not cuda_built_torchvision_on_cpu_torch():
+        return False
+    import torch
+
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        try:
+            lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        except RuntimeError:    # already defined
+            pass
+    _keep.append(lib)
+    return True
+
+
+def cuda_built_torchvision_on_cpu_torch() -> bool:
+    """torch has no CUDA and torchvision's C extension links CUDA libraries (read from the file, without loading)."""
+    spec = importlib.machinery.PathFinder.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    import torch
+
+    if torch.version.cuda is not None:
+        return False
+    for extension in glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so")):
+        with open(extension, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            if data.find(b"libc10_cuda.so") >= 0 or data.find(b"libtorch_cuda.so") >= 0:
+                return True
+    return False
+
+
+def sgl_kernel_stand_in() -> importlib.machinery.ModuleSpec | None:
+    """Works around: with ``SGLANG_USE_CPU_ENGINE=1`` SGLang imports names from ``sgl_kernel``, its CPU kernel package,
+    which is not on PyPI (its wheels there are CUDA builds; the CPU one is built from SGLang's source tree, for
+    AVX-512/AMX). On a CPU without AMX SGLang never calls them for plain generation (norms, activations, RoPE and
+    attention take their torch fallbacks). Returns the spec that imports ``rlcore_rollout_sglang/sgl_kernel_cpu.py``
+    under the name ``sgl_kernel`` — only when no real ``sgl_kernel`` is installed."""
+    if importlib.machinery.PathFinder.find_spec("sgl_kernel") is not None:
+        return None
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgl_kernel_cpu.py")
+    return importlib.util.spec_from_file_location("sgl_kernel", here)
+
+
+def enable(skip: tuple[str, ...] = ()) -> None:
+    """Turn SGLang's CPU engine and the ``sgl_kernel`` stand-in on for this process and the processes it starts from
+    now on (they inherit the environment). ``skip`` leaves shims out (the tests that show each is still needed)."""
+    os.environ[ENV] = "1"
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"   # else SGLang takes its CUDA path (its RoPE fallback imports vllm)
+    os.environ[ENV + "_SKIP"] = ",".join(skip)
+    from rlcore_rollout_sglang import startup
+
+    startup.install()
+    if "sgl_kernel" in sys.modules and "sgl_kernel_stand_in" in skip:
+        raise RuntimeError("sgl_kernel is already imported in this process")

@@ -1,0 +1,47 @@
+"""Run at every interpreter start by ``rlcore_rollout_sglang.pth`` (so SGLang's spawned scheduler and detokenizer
+processes run it too): puts the CPU shims' import hook (``rlcore_rollout_sglang.cpu``) first on ``sys.meta_path``.
+It imports nothing else; the hook acts only when ``torchvision`` or ``sgl_kernel`` is imported.
+
+- ``torchvision``: in every process, because a CUDA-built torchvision next to the CPU torch breaks transformers'
+  model imports too, not only SGLang (the shim checks that this is the case before acting);
+- ``sgl_kernel``: only in processes whose environment has ``RLCORE_SGLANG_CPU_SHIMS=1`` (the backend sets it before
+  starting SGLang on CPU).
+"""
+import os
+import sys
+
+ENV = "RLCORE_SGLANG_CPU_SHIMS"
+
+
+def _skipped() -> list[str]:
+    return os.environ.get(ENV + "_SKIP", "").split(",")
+
+
+class CpuShimFinder:
+    """A ``sys.meta_path`` finder that never finds anything itself except the ``sgl_kernel`` stand-in."""
+
+    def __init__(self) -> None:
+        self.torchvision_seen = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" and not self.torchvision_seen:
+            self.torchvision_seen = True
+            if "torchvision_op_schemas" not in _skipped():
+                from rlcore_rollout_sglang import cpu
+
+                cpu.torchvision_op_schemas()
+            return None         # the normal finders import torchvision
+        if name == "sgl_kernel" and os.environ.get(ENV) == "1" and "sgl_kernel_stand_in" not in _skipped():
+            from rlcore_rollout_sglang import cpu
+
+            return cpu.sgl_kernel_stand_in()
+        return None
+
+
+def install() -> None:
+    """Idempotent."""
+    if not any(type(f).__name__ == "CpuShimFinder" for f in sys.meta_path):
+        sys.meta_path.insert(0, CpuShimFinder())
+
+
+install()

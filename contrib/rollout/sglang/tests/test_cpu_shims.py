@@ -1,0 +1,50 @@
+"""Each CPU shim is still needed: without it SGLang (0.5.23, from PyPI, on the CPU torch) fails to import, and with it
+the same import works. Each case runs in a fresh interpreter, as SGLang's spawned processes do. Skipped where SGLang
+is not installed or where torch has CUDA."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("sglang") is None or torch.cuda.is_available():
+    pytest.skip("SGLang on CPU is not installed here (contrib/rollout/sglang/requirements-sglang.txt)",
+                allow_module_level=True)
+
+
+def run(code: str, skip: str = "", cpu_engine: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLCORE_SGLANG_CPU_SHIMS_SKIP": skip}
+    if cpu_engine:
+        env.update(RLCORE_SGLANG_CPU_SHIMS="1", SGLANG_USE_CPU_ENGINE="1")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_pth_installs_the_import_hook_at_startup():
+    result = run("import sys; print([type(f).__name__ for f in sys.meta_path][0])", cpu_engine=False)
+    assert result.stdout.strip() == "CpuShimFinder", result.stderr
+
+
+def test_torchvision_op_schemas_still_needed():
+    from rlcore_rollout_sglang import cpu
+
+    if not cpu.cuda_built_torchvision_on_cpu_torch():
+        pytest.skip("torchvision here is not a CUDA build on the CPU torch")
+    code = "import torchvision.transforms; print('ok')"
+    without = run(code, skip="torchvision_op_schemas", cpu_engine=False)
+    assert without.returncode != 0 and "operator torchvision::nms does not exist" in without.stderr
+    assert run(code, cpu_engine=False).stdout.strip() == "ok"
+    # transformers' model classes import torchvision wherever it is installed: broken without the shim, too
+    code = "from transformers import Qwen3ForCausalLM; print('ok')"
+    assert run(code, skip="torchvision_op_schemas", cpu_engine=False).returncode != 0
+    assert run(code, cpu_engine=False).stdout.strip() == "ok"
+
+
+def test_sgl_kernel_stand_in_still_needed():
+    code = "import sglang.srt.mem_cache.allocation, sgl_kernel; print(sgl_kernel.__version__)"
+    without = run(code, skip="sgl_kernel_stand_in")
+    assert without.returncode != 0 and "No module named 'sgl_kernel'" in without.stderr
+    assert run(code).stdout.strip().endswith("rlcore.cpu.stand.in")
+    # the stand-in is served only to processes that asked for SGLang's CPU engine
+    assert "No module named 'sgl_kernel'" in run("import sgl_kernel", cpu_engine=False).stderr
