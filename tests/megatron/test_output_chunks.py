@@ -55,11 +55,12 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_logits(chunk_tokens):
     ids = BATCH["input_ids"]
     want_logp, want_entropy = whole_logits_stats(actor)
     with torch.no_grad(), actor._reading_tokens(actor.model, TEMPERATURE):
-        hidden = actor.model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
-        logp, more = actor.token_outputs(hidden, torch.roll(ids, -1, dims=1), extras=True)
-    assert hidden.shape[-1] == HF["hidden_size"]
-    # one chunk is the output layer's own product; smaller chunks change the matmul's blocking (last bits only)
-    tolerance = dict(rtol=0, atol=0) if chunk_tokens in (0, 1000) else dict(rtol=0, atol=1e-6)
+        output = actor.model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+        logp, more = actor.token_outputs(output, torch.roll(ids, -1, dims=1), extras=True)
+    one_chunk = chunk_tokens in (0, 1000)          # the batch's 32 tokens fit: the output layer's own logits
+    assert output.shape[-1] == (VOCAB if one_chunk else HF["hidden_size"])
+    # smaller chunks change the matmul's blocking (last bits only)
+    tolerance = dict(rtol=0, atol=0) if one_chunk else dict(rtol=0, atol=1e-6)
     torch.testing.assert_close(logp, want_logp, **tolerance)
     torch.testing.assert_close(more["entropy"], want_entropy, **tolerance)
     torch.testing.assert_close(actor.logprobs(BATCH, temperature=TEMPERATURE), want_logp, **tolerance)

@@ -17,12 +17,13 @@ from rlcore.data import Batch
 from rlcore.engine.reshard import Resharder
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.trainable import LossFn, MegatronTrainable
-from rlcore.megatron.output_chunks import OutputHead, chunked_token_stats, hidden_states_out
+from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
 from rlcore.specs import ModelSpec, OptimizerSpec
 
 
 class MegatronActor(MegatronTrainable):
     role = "actor"
+    cfg: ActorConfig
 
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
                  hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20,
@@ -32,19 +33,19 @@ class MegatronActor(MegatronTrainable):
         self._head: OutputHead | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
 
-    def token_outputs(self, hidden, labels, extras):
+    def token_outputs(self, output, labels, extras):
         """logp of each label; with ``extras`` also the policy's entropy (with grad only when it is trained on:
-        ``actor.entropy_coef`` > 0). The model's output is its last hidden states (``_reading_tokens``): the output
-        layer runs here, ``actor.logprob_chunk_tokens`` tokens at a time."""
-        logp, h = chunked_token_stats(hidden, self._head, labels, self.cfg.logprob_chunk_tokens,
-                                      with_entropy=extras, entropy_grad=self.cfg.entropy_coef > 0)
+        ``actor.entropy_coef`` > 0). ``output`` is what the model returns inside ``_reading_tokens``: logits, or,
+        for a micro-batch of more than ``actor.logprob_chunk_tokens`` tokens, hidden states read chunk by chunk."""
+        assert self._head is not None, "the actor reads tokens only inside _reading_tokens"
+        logp, h = token_stats(output, self._head, labels, with_entropy=extras, entropy_grad=self.cfg.entropy_coef > 0)
         return logp, {"entropy": h} if extras else {}
 
     @contextmanager
     def _reading_tokens(self, model, temperature: float):
-        """Passes of ``model`` inside return hidden states, which ``token_outputs`` turns into the statistics of
-        the sampling policy at ``temperature``: softmax(logits / T), as the engine's processed logprobs."""
-        with hidden_states_out(model, temperature) as head:
+        """Passes of ``model`` inside read the sampling policy at ``temperature``: softmax(logits / T), as the
+        engine's processed logprobs."""
+        with reading_tokens(model, temperature, self.cfg.logprob_chunk_tokens) as head:
             self._head = head
             try:
                 yield

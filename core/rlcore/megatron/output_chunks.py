@@ -1,10 +1,13 @@
-"""The policy's per-token log-probabilities and entropy from its last hidden states, a chunk of tokens at a time.
+"""The policy's per-token log-probabilities and entropy, with the [tokens x vocab/tp] logits a chunk of tokens at a
+time when a micro-batch holds more tokens than one chunk.
 
-The output layer is applied per chunk, so the [tokens x vocab/tp] logits (and their float32 copies) exist for one
-chunk only; when training on several chunks, each chunk's logits are recomputed in the backward pass instead of kept.
-Inside ``hidden_states_out`` the model returns its last hidden states rather than logits; the communication the
-output layer does on its input (the sequence-parallel all-gather, or the tensor-parallel gradient all-reduce) is
-done there, so ``chunked_token_stats`` multiplies by this rank's vocabulary slice exactly as the layer would.
+Inside ``reading_tokens`` the model's output layer decides per micro-batch: one that fits in a chunk gets the layer's
+own logits (divided by the sampling temperature), exactly as without chunking; a larger one gets its last hidden
+states instead, and ``token_stats`` applies the output layer chunk by chunk, so the logits (and their float32 copies)
+exist for one chunk only, and in training each chunk's logits are recomputed in the backward pass instead of kept.
+For hidden states, the communication the output layer does on its input (the sequence-parallel all-gather, or the
+tensor-parallel gradient sum) is done here, so each chunk multiplies by this rank's vocabulary slice as the layer
+would.
 """
 from __future__ import annotations
 
@@ -21,31 +24,40 @@ from rlcore.megatron.vocab_parallel import entropy, label_logprobs
 
 @dataclass
 class OutputHead:
-    """What turns hidden states into this rank's logits: the output weight (the embedding's when tied), set by the
-    forward that returned the hidden states, and the sampling temperature the logits are divided by."""
+    """How to read the model's output of the current micro-batch: logits (``weight`` None), or hidden states to
+    multiply by ``weight`` (the output layer's, or the embedding's when tied) ``chunk_tokens`` tokens at a time."""
     temperature: float = 1.0
+    chunk_tokens: int = 0
     weight: torch.Tensor | None = None
 
 
 @contextmanager
-def hidden_states_out(model, temperature: float = 1.0) -> Iterator[OutputHead | None]:
-    """While inside, ``model`` (on the last pipeline stage) returns its last hidden states [b, s, h], whole over
-    the sequence on every TP rank, and the yielded head holds the weight its output layer would have used. Yields
-    None on other stages (no output layer)."""
+def reading_tokens(model, temperature: float = 1.0, chunk_tokens: int = 0) -> Iterator[OutputHead | None]:
+    """While inside, ``model``'s output layer (on the last pipeline stage) returns, per micro-batch, its logits at
+    ``temperature`` (at most ``chunk_tokens`` tokens, or 0 = no limit) or else the last hidden states [b, s, h], whole
+    over the sequence on every TP rank; the yielded head says which, for ``token_stats``. Yields None on other stages
+    (no output layer)."""
     from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
     layers = [m for name, m in model.named_modules() if name.endswith("output_layer")]
     if not layers:
         yield None
         return
-    layer, head = layers[0], OutputHead(temperature)
+    layer, head = layers[0], OutputHead(temperature, chunk_tokens)
+    tp = layer.tp_group.size()
+    original = layer.forward
 
     def forward(hidden, weight=None, runtime_gather_output=None):
+        tokens = hidden.shape[0] * hidden.shape[1] * (tp if layer.sequence_parallel else 1)
+        if not chunk_tokens or tokens <= chunk_tokens:    # one chunk: the layer's own logits
+            head.weight = None
+            logits, bias = original(hidden, weight=weight, runtime_gather_output=runtime_gather_output)
+            return (logits / temperature if temperature != 1.0 else logits), bias
         head.weight = layer.weight if weight is None else weight
         if layer.sequence_parallel:       # backward: reduce-scatter, as the layer's own
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True,
                                                           group=layer.tp_group)
-        elif layer.tp_group.size() > 1:   # backward: all-reduce of the input's gradient
+        elif tp > 1:                      # backward: the sum of the ranks' input gradients
             hidden = _SumGradOverTP.apply(hidden, layer.tp_group)
         return hidden, None
 
@@ -73,13 +85,10 @@ class _SumGradOverTP(torch.autograd.Function):
         return grad, None
 
 
-def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
-           with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = torch.matmul(hidden, weight.t())
-    if temperature != 1.0:
-        logits = logits / temperature
+def _stats(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool,
+           entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not with_entropy:
-        return label_logprobs(logits, labels), logits.new_empty(0)
+        return label_logprobs(logits, labels), None
     if entropy_grad:   # the cross-entropy overwrites its input, which the entropy's backward needs
         return label_logprobs(logits.clone(), labels), entropy(logits)
     with torch.no_grad():
@@ -87,17 +96,25 @@ def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, tem
     return label_logprobs(logits, labels), h
 
 
-def chunked_token_stats(hidden: torch.Tensor, head: OutputHead, labels: torch.Tensor, chunk_tokens: int,
-                        with_entropy: bool = False, entropy_grad: bool = False
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(label) [b, s] (and the entropy [b, s] when ``with_entropy``) from hidden states [b, s, h], at most
-    ``chunk_tokens`` tokens' logits at a time (0: all at once). Collective over TP ranks (every chunk reduces over
-    the vocabulary slices), so every rank must pass the same shapes and chunk size."""
-    assert head.weight is not None, "chunked_token_stats needs the head of a forward inside hidden_states_out"
-    b, s, h = hidden.shape
-    flat_hidden, flat_labels = hidden.reshape(b * s, h), labels.reshape(b * s)
-    size = chunk_tokens if 0 < chunk_tokens < b * s else b * s
-    recompute = torch.is_grad_enabled() and size < b * s
+def _chunk(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
+           with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.matmul(hidden, weight.t())
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp, h = _stats(logits, labels, with_entropy, entropy_grad)
+    return logp, logits.new_empty(0) if h is None else h
+
+
+def token_stats(output: torch.Tensor, head: OutputHead, labels: torch.Tensor, with_entropy: bool = False,
+                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(label) [b, s] (and the entropy [b, s] when ``with_entropy``) from the model's output inside
+    ``reading_tokens``: its logits [b, s, V/tp], or its hidden states [b, s, h] taken ``head.chunk_tokens`` tokens at
+    a time. Collective over TP ranks (every chunk reduces over the vocabulary slices)."""
+    if head.weight is None:
+        return _stats(output, labels, with_entropy, entropy_grad)
+    b, s, h = output.shape
+    flat_hidden, flat_labels, size = output.reshape(b * s, h), labels.reshape(b * s), head.chunk_tokens
+    recompute = torch.is_grad_enabled()
     logps, entropies = [], []
     for start in range(0, b * s, size):
         args = (flat_hidden[start:start + size], head.weight, flat_labels[start:start + size], head.temperature,
@@ -106,5 +123,4 @@ def chunked_token_stats(hidden: torch.Tensor, head: OutputHead, labels: torch.Te
                      else _chunk(*args))
         logps.append(logp)
         entropies.append(ent)
-    logp = torch.cat(logps).view(b, s)
-    return logp, torch.cat(entropies).view(b, s) if with_entropy else None
+    return torch.cat(logps).view(b, s), torch.cat(entropies).view(b, s) if with_entropy else None
