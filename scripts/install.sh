@@ -5,7 +5,8 @@
 #   1. torch first (the machine's local CPU wheel; any other torch request would pull the CUDA build),
 #   2. vLLM (its CPU build where there is no GPU), then drop the CUDA torchvision/torchaudio/torchcodec it pulls,
 #      which break transformers' model imports and are not needed for text models,
-#   3. rlcore and the plugins, editable (tests/test_wheel_install.py checks that their wheels work as well).
+#   3. rlcore and the plugins, editable (tests/test_wheel_install.py checks that their wheels work as well),
+#   4. on CPU, SGLang for rlcore-rollout-sglang (contrib/rollout/sglang/README.md).
 # Every step installs the versions locked in scripts/constraints.txt (the tested stack; scripts/lock.sh writes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +23,10 @@ fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qwen3 -e contrib/models/mixtral \
   -e contrib/models/deepseek -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo \
-  -e contrib/rollout/vllm -e contrib/rollout/hf
+  -e contrib/rollout/vllm -e contrib/rollout/hf -e contrib/rollout/sglang
+# SGLang next to vLLM (CPU): --no-deps, since its declared dependencies pin a CUDA torch and CUDA-only kernels; what it
+# imports is pinned in its requirements file. Needs rlcore-rollout-sglang's import hook, installed just above.
+if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  $PIP install -q --no-deps $LOCK -r contrib/rollout/sglang/requirements-sglang.txt
+fi
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"
