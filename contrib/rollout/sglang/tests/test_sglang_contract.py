@@ -1,0 +1,46 @@
+"""The rollout-backend contract (rlcore.testing_rollout) on the SGLang backend, with its known limitation on CPU; plus
+what is SGLang's own: weights handed over in several buckets, and a stop that ends only the engine's processes."""
+import importlib.util
+import subprocess
+
+import pytest
+
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("SGLang is not installed (contrib/rollout/sglang/requirements-sglang.txt)", allow_module_level=True)
+
+import psutil
+
+from rlcore.testing_rollout import RegisteredBackend, contract_tests
+
+pytestmark = [pytest.mark.slow]
+
+LIMITATIONS = {
+    "seeds_reproduce_samples": "SGLang 0.5.23 honours per-request sampling_seed only in its deterministic mode, whose "
+                               "attention backends are GPU-only; passes once it does on CPU",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_buckets_and_a_bystander():
+    """64 KiB weight buckets, so the contract's weight pushes take several update_weights_from_tensor calls; and a
+    child process of ours started before the engine, which the engine's stop must leave alone (SGLang's own
+    shutdown kills every child of the calling process)."""
+    import rlcore_rollout_sglang.backend as backend
+
+    saved, backend.BUCKET_BYTES = backend.BUCKET_BYTES, 64 << 10
+    bystander = subprocess.Popen(["sleep", "3600"])
+    yield bystander
+    bystander.kill()
+    bystander.wait()
+    backend.BUCKET_BYTES = saved
+
+
+globals().update(contract_tests(RegisteredBackend("sglang"), LIMITATIONS))
+
+
+def test_stop_ends_only_the_engines_processes(rollout_contract, small_buckets_and_a_bystander):
+    engine = rollout_contract.engine
+    engine.stop()                   # already stopped by test_stop_is_idempotent when the whole module runs
+    assert engine._pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                    for p in engine._pids)
+    assert small_buckets_and_a_bystander.poll() is None, "stop() killed a process that is not the engine's"
