@@ -70,13 +70,16 @@ def test_offloading_the_optimizer_moves_its_memory_to_the_host(registry):
 @pytest.mark.parametrize("overrides, expected", [
     (["actor.optim.name=adam"], "actor.optim.offload_fraction = 1 needs the hybrid CPU/GPU optimizer"),
     (["actor.optim.offload_fraction=0"], "hybrid_adam with actor.optim.offload_fraction = 0 keeps all optimizer"),
+    # the critic's optimizer too, where the algorithm trains one (as the run checks it)
+    (["algorithm.name=ppo", "critic.optim.name=adam", "critic.optim.offload_fraction=1"],
+     "critic.optim.offload_fraction = 1 needs the hybrid CPU/GPU optimizer"),
 ])
 def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrides, expected):
     from rlcore.cli import dry_run as cli_dry_run
     from rlcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=expected):
-        cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), load_plugins(["qwen3"]))
+        cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), load_plugins(["qwen3", "grpo", "ppo"]))
 
 
 def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):

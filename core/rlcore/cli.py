@@ -65,12 +65,16 @@ def cmd_run(args) -> int:
 
 
 def dry_run(cfg, plugins) -> int:
-    from rlcore.sizing import dry_run as check
+    from rlcore.config import bind_plugin_section
+    from rlcore.preflight import check_optimizers, check_rollout_backend
+    from rlcore.sizing import dry_run as check, read_model_config
 
-    optimizer = plugins.registry.get("optimizers", cfg.actor.optim.name)
-    if optimizer.check:
-        optimizer.check(cfg.actor.optim, "actor.optim")
-    problems, report = check(cfg, plugins.registry.get("models", cfg.model.family))
+    reg = plugins.registry
+    algorithm = reg.get("algorithms", cfg.algorithm["name"])
+    check_optimizers(cfg, reg, algorithm.needs_critic(bind_plugin_section("algorithm", dict(cfg.algorithm),
+                                                                          algorithm.config_cls)))
+    check_rollout_backend(cfg, reg, read_model_config(cfg), here=False)
+    problems, report = check(cfg, reg.get("models", cfg.model.family))
     if problems:
         print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
               file=sys.stderr)

@@ -19,6 +19,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.plugins import LoadedPlugins
+from rlcore.preflight import check_optimizers, check_rollout_backend
 from rlcore.rewards import Scores, build_rewards, neutral_fill
 from rlcore.rollout_correction import check_old_logprobs_source
 from rlcore.validation import eval_metrics
@@ -60,12 +61,7 @@ class Trainer:
         self.failure_reasons_seen: set[str] = set()
         self.backend_spec = reg.get("rollout_backends", cfg.rollout.backend)
         self.optimizer_spec = reg.get("optimizers", cfg.actor.optim.name)
-        trained = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if self.algorithm.needs_critic(self.algo_cfg)
-                                            else [])
-        for section, model in trained:     # what each optimizer plugin takes (offload_fraction: hybrid_adam's)
-            optimizer = self.optimizer_spec if section == "actor" else reg.get("optimizers", model.optim.name)
-            if optimizer.check:
-                optimizer.check(model.optim, f"{section}.optim")
+        check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
         self._workers: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
@@ -95,6 +91,7 @@ class Trainer:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
+        check_rollout_backend(cfg, self.plugins.registry, hf_config)
         self.hf_config = hf_config
         if self.resume_from:
             checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),

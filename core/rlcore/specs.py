@@ -108,9 +108,13 @@ class RolloutBackend(abc.ABC):
 class RolloutBackendSpec:
     """factory(model_path, rollout_config, seed=, max_model_len=, distributed=) -> RolloutBackend.
     ``distributed``: the engine spans the trainer's torch.distributed world (tensor-parallel groups of rollout.tp
-    consecutive ranks, one replica per group), every rank calling each method with its replica's inputs."""
+    consecutive ranks, one replica per group), every rank calling each method with its replica's inputs.
+    check(hf_config, rollout_config, here), if given, raises ConfigError for a model or settings this engine cannot
+    serve (one line: what, and what to do instead); it runs before any worker starts, and on ``--dry-run`` with
+    ``here=False`` (a dry run plans for other machines: leave out the limits of this one, e.g. of a CPU build)."""
     name: str
     factory: Callable[..., RolloutBackend]
+    check: Callable[[dict, Any, bool], None] | None = None
 
 
 @dataclass(frozen=True)

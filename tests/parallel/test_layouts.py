@@ -30,12 +30,12 @@ LAYOUTS = {
 }
 
 
-def run_layout(tmp_path, cache, overrides, steps):
+def run_layout(tmp_path, cache, overrides, steps, plugins=("qwen3", "grpo", "vllm")):
     cfg = load_config("quickstart", [*overrides, f"trainer.steps={steps}", "trainer.check_logprobs_every=1",
                                      "trainer.eval_every=0", "trainer.export_hf=false", "run.progress=false",
                                      "trainer.loggers=[jsonl]", f"run.dir={tmp_path / 'run'}",
                                      f"warm_start.cache_dir={cache}"])
-    trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+    trainer = Trainer(cfg, load_plugins(list(plugins)))
     try:
         summary = trainer.run()
         return summary, trainer.workers.call("fingerprint"), _history(summary["run_dir"])
@@ -63,7 +63,12 @@ def assert_replicas_agree(prints):
     assert all(len(v) == 1 for v in by_stage.values()), "TP ranks disagree on replicated parameters"
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+# plain TP2 and PP2 run with SGLang generating (test_sglang_layouts.py); vLLM runs their variants: SP, collectives,
+# rollout TP2, uneven stages
+VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"})
+
+
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS)
 def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS[layout], steps=3)
     assert len(history) == 3

@@ -6,6 +6,7 @@ in shared memory (``update_weights_from_tensor``), without a file.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -23,25 +24,39 @@ log = logging.getLogger(__name__)
 
 
 class SGLangRollout(RolloutBackend):
-    can_release_memory = False  # on CPU SGLang cannot release memory (its memory saver is CUDA-only)
+    """``distributed``: the trainer's ranks form replicas of ``rollout.tp`` consecutive ranks. SGLang's offline Engine
+    has no external launcher (its tensor-parallel ranks are processes it spawns), so each replica's first rank hosts
+    the replica's whole engine (``tp_size=rollout.tp``) and shares its results with the replica's other ranks, which
+    still take part in every weight push (the resharder's exchange is collective) but hold no engine."""
+    can_release_memory = False  # set in __init__: GPU only (SGLang's memory saver is CUDA-only)
 
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
                  distributed: bool = False, **engine_overrides: Any):
-        if distributed or getattr(cfg, "tp", 1) != 1:
-            from rlcore.errors import ConfigError
-
-            raise ConfigError("rollout.backend=sglang runs one engine per trainer rank for now: set rollout.tp=1 and "
-                              "run one trainer process (trainer.world_size=1)")
+        tp = getattr(cfg, "tp", 1)
+        self.replica = Replica(tp, distributed)
+        self._seeds_warned = False
+        self._rng = random.Random(seed)
+        self._released: list[str] = []
+        if not self.replica.leads:
+            return
         cpu = not torch.cuda.is_available()
         if cpu:
             from rlcore_rollout_sglang import cpu as shims
 
             shims.enable()
+            if tp > 1:
+                shims.bind_threads(tp)
         import psutil
         import sglang
 
         args: dict[str, Any] = dict(model_path=model_path, skip_tokenizer_init=True, random_seed=seed,
-                                    log_level="error", skip_server_warmup=True)
+                                    log_level="error", skip_server_warmup=True, tp_size=tp)
+        self._memory_tags = ["kv_cache", "weights"]
+        if not cpu and importlib.util.find_spec("torch_memory_saver") is not None:
+            self.can_release_memory = True
+            args["enable_memory_saver"] = True
+            if not engine_overrides.get("disable_cuda_graph"):
+                self._memory_tags.append("cuda_graph")
         if max_model_len is not None:
             args["context_length"] = max_model_len
         if cpu:
@@ -57,8 +72,6 @@ class SGLangRollout(RolloutBackend):
         self.engine = sglang.Engine(**args)
         multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
         self._pids = {p.pid for p in psutil.Process().children(recursive=True)} - before
-        self._seeds_warned = False
-        self._rng = random.Random(seed)
 
     def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
                  seeds: Sequence[int] | None = None) -> list[list[Generation]]:
@@ -73,19 +86,23 @@ class SGLangRollout(RolloutBackend):
             log.warning("rollout.backend=sglang on CPU cannot seed each prompt (SGLang applies sampling_seed only in "
                         "its GPU-only deterministic mode): samples depend on the engine's seed and call order")
         base = list(seeds) if seeds is not None else [self._rng.getrandbits(62) for _ in prompts]
+        if not self.replica.leads:
+            return self.replica.share(None)
         params = [{"n": 1, "temperature": temperature, "max_new_tokens": max_tokens,
                    "sampling_seed": _sample_seed(s, k)} for s in base for k in range(n)]
         out = self.engine.generate(input_ids=[list(p) for p in prompts for _ in range(n)], sampling_params=params,
                                    return_logprob=True)
         gens = [Generation(list(o["output_ids"]), [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]],
                            _finish_reason(o["meta_info"]["finish_reason"])) for o in out]
-        return [gens[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return self.replica.share([gens[i * n:(i + 1) * n] for i in range(len(prompts))])
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         """Prompt logprobs at temperature 1. SGLang's window starts at ``logprob_start_len`` and has no logprob for
         its first token, so it starts one token before ``start``."""
         if any(s < 1 for s in start):
             raise ValueError("score: a sequence's first token has no logprob (start must be >= 1)")
+        if not self.replica.leads:
+            return self.replica.share(None)
         out = self.engine.generate(input_ids=[list(s) for s in sequences],
                                    sampling_params={"max_new_tokens": 1, "temperature": 1.0},
                                    return_logprob=True, logprob_start_len=[s - 1 for s in start])
@@ -95,12 +112,16 @@ class SGLangRollout(RolloutBackend):
             if len(window) != len(seq) - st:
                 raise RuntimeError(f"SGLang returned {len(window)} prompt logprobs for {len(seq) - st} tokens")
             result.append([lp for lp, _, _ in window])
-        return result
+        return self.replica.share(result)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hands the stream to the engine bucket by bucket (at most ``BUCKET_BYTES`` each, as shared-memory tensors)
         inside one weight-update session, then flushes the prefix cache so no KV computed with the old weights is
-        reused."""
+        reused. A rank without an engine still pulls the stream: the exchange behind it is collective."""
+        if not self.replica.leads:
+            for _ in named_tensors:
+                pass
+            return
         _check(self.engine.begin_weight_update(), "begin_weight_update")
         try:
             bucket: list[tuple[str, torch.Tensor]] = []
@@ -118,8 +139,22 @@ class SGLangRollout(RolloutBackend):
         self.flush_cache()
 
     def _push(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        if not torch.cuda.is_available():
+            bucket = _in_shared_memory(bucket)
         _check(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False),
                "update_weights_from_tensor")
+
+    def release_memory(self) -> None:
+        if self.replica.leads:
+            _check(self.engine.release_memory_occupation(tags=self._memory_tags), "release_memory_occupation")
+            self._released = list(self._memory_tags)
+
+    def resume_memory(self, what: str) -> None:
+        """``"weights"`` before a push, ``"kv_cache"`` (with its CUDA graphs) before generating."""
+        tags = [t for t in self._released if (t == "weights") == (what == "weights")]
+        if self.replica.leads and tags:
+            _check(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
+            self._released = [t for t in self._released if t not in tags]
 
     def flush_cache(self, timeout: float = 30.0) -> None:
         """SGLang refuses a flush while requests are still being retired; retry until it takes."""
@@ -162,6 +197,46 @@ class SGLangRollout(RolloutBackend):
             engine.shutdown()
         finally:
             engine_module.kill_process_tree = kill_tree
+
+
+class Replica:
+    """This rank's place among the ranks sharing one engine (``tp`` consecutive ranks of the trainer's world)."""
+
+    def __init__(self, tp: int, distributed: bool):
+        self.group = None
+        self.leader = 0
+        if distributed and tp > 1:
+            import torch.distributed as dist
+
+            rank, world = dist.get_rank(), dist.get_world_size()
+            # new_group is collective: every rank creates every replica's group, in the same order
+            groups = [dist.new_group(list(range(first, first + tp))) for first in range(0, world, tp)]
+            self.group, self.leader = groups[rank // tp], rank - rank % tp
+        self.leads = self.group is None or self.leader == torch.distributed.get_rank()
+
+    def share(self, result: Any) -> Any:
+        """The leader's ``result`` on every rank of the replica."""
+        if self.group is None:
+            return result
+        box = [result]
+        torch.distributed.broadcast_object_list(box, src=self.leader, group=self.group)
+        return box[0]
+
+
+def _in_shared_memory(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """The bucket copied into one new shared-memory buffer. SGLang pickles CPU tensors for its scheduler by sharing
+    their storage's file descriptor: a resharder slot (a mapped /dev/shm file, already unlinked) has none to share,
+    and an actor parameter's storage would be moved into shared memory in place."""
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for _, t in bucket]     # 64-byte aligned
+    flat = torch.empty(sum(sizes), dtype=torch.uint8).share_memory_()
+    copies, offset = [], 0
+    for (name, tensor), size in zip(bucket, sizes):
+        nbytes = tensor.numel() * tensor.element_size()
+        copy = flat[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
+        copy.copy_(tensor)
+        copies.append((name, copy))
+        offset += size
+    return copies
 
 
 def _sample_seed(prompt_seed: int, k: int) -> int:

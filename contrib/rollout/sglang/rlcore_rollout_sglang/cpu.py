@@ -85,3 +85,27 @@ def enable(skip: tuple[str, ...] = ()) -> None:
     startup.install()
     if "sgl_kernel" in sys.modules and "sgl_kernel_stand_in" in skip:
         raise RuntimeError("sgl_kernel is already imported in this process")
+
+
+def bind_threads(tp: int) -> str:
+    """Works around: SGLang's CPU engine runs at most one tensor-parallel rank per NUMA node unless
+    ``SGLANG_CPU_OMP_THREADS_BIND`` names each rank's cores (it asserts otherwise). Gives each of the ``tp`` ranks an
+    equal, contiguous share of the cores this process may use, unless the variable is set already. Returns it."""
+    if not os.environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < tp:
+            from rlcore.errors import ConfigError
+
+            raise ConfigError(f"rollout.tp={tp} with rollout.backend=sglang on CPU needs a core per engine rank; this "
+                              f"process may use {len(cores)}: lower rollout.tp, or set SGLANG_CPU_OMP_THREADS_BIND")
+        share = len(cores) // tp
+        os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
+            _cpu_list(cores[i * share:(i + 1) * share]) for i in range(tp))
+    return os.environ["SGLANG_CPU_OMP_THREADS_BIND"]
+
+
+def _cpu_list(cores: list[int]) -> str:
+    """SGLang's notation: ``first-last`` for a contiguous range, else comma-separated."""
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
+    return ",".join(map(str, cores))

@@ -9,14 +9,29 @@ INSTALL = ("pip install --no-deps -c scripts/constraints.txt -r contrib/rollout/
            "(from an rlcore checkout; scripts/install.sh does it)")
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
+def _require_sglang() -> None:
     if importlib.util.find_spec("sglang") is None:
         raise ConfigError(f"rollout.backend=sglang needs SGLang, which is not installed: {INSTALL}")
+
+
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
+    _require_sglang()
     from rlcore_rollout_sglang.backend import SGLangRollout
 
     return SGLangRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed)
 
 
+def _check(hf_config: dict, cfg, here: bool) -> None:
+    import torch
+
+    from rlcore_rollout_sglang.architectures import unservable
+
+    _require_sglang()
+    reason = unservable(hf_config, on_cpu=here and not torch.cuda.is_available())
+    if reason:
+        raise ConfigError(f"rollout.backend=sglang cannot serve this model: {reason}. Use rollout.backend=vllm")
+
+
 @hookimpl
 def rlcore_rollout_backends():
-    return [RolloutBackendSpec("sglang", _make)]
+    return [RolloutBackendSpec("sglang", _make, _check)]

@@ -35,3 +35,21 @@ def test_sgl_kernel_stand_in():
     for name in sgl_kernel_cpu.NOT_IMPLEMENTED:
         with pytest.raises(NotImplementedError, match=f"sgl_kernel.{name} is not available"):
             getattr(sgl_kernel_cpu, name)()
+
+
+def test_engine_tp_ranks_get_equal_shares_of_the_cores(monkeypatch):
+    from rlcore_rollout_sglang import cpu
+
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert cpu.bind_threads(2) == "0-1|2-3"
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND")
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {1, 3, 4})
+    assert cpu.bind_threads(3) == "1|3|4"
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0-7|8-15")      # the user's own choice stays
+    assert cpu.bind_threads(2) == "0-7|8-15"
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND")
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0})
+    with pytest.raises(ConfigError, match="rollout.tp=2 with rollout.backend=sglang on CPU needs a core per engine "
+                                          "rank; this process may use 1"):
+        cpu.bind_threads(2)

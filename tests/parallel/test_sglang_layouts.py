@@ -1,0 +1,29 @@
+"""The engine check with SGLang generating, at multi-process training layouts (Ray workers on gloo).
+
+SGLang's offline Engine has no external launcher: its tensor-parallel ranks are processes it spawns. At rollout.tp=1
+every trainer rank hosts its own engine (a replica); at rollout.tp=2 a replica's first rank hosts an engine of two
+TP ranks and shares its results with the other. After every weight push the engine's logprobs on a fixed batch equal
+the actor's on every rank, and the replicas that must agree do agree bit for bit."""
+import importlib.util
+
+import pytest
+
+from test_layouts import LAYOUTS, assert_replicas_agree, run_layout
+
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("SGLang is not installed (contrib/rollout/sglang/requirements-sglang.txt)", allow_module_level=True)
+
+SGLANG = ["rollout.backend=sglang"]
+
+
+@pytest.mark.parametrize("layout", ["tp2-rollout_tp2", "pp2", "moe-ep2"])
+def test_sglang_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
+    """TP2 training with SGLang's own TP2; PP2 with an engine per rank; Qwen3-MoE with its experts over 2 ranks
+    (data-parallel 2 for everything else), an engine per rank."""
+    summary, prints, history = run_layout(tmp_path, warm_start_cache, SGLANG + LAYOUTS[layout], steps=3,
+                                          plugins=("qwen3", "grpo", "sglang"))
+    assert len(history) == 3
+    assert all(h["check/logprob_max_diff"] < 1e-3 for h in history), [h["check/logprob_max_diff"] for h in history]
+    assert all(h["sync/bytes"] > 0 for h in history[1:])
+    assert_replicas_agree(prints)
