@@ -24,6 +24,7 @@ test named ``test_<check>``:
 - ``greedy_equals_score``: at T = 0 each token is transformers' argmax (up to ``tolerance``), and its logprob equals
   the teacher-forced ``score`` and transformers' log_softmax(logits);
 - ``score_from_any_start``: ``score`` from starts 1, mid and last equals transformers;
+  ``score_refuses_the_first_token``: start 0 raises (ValueError or RuntimeError), as no logprob exists there;
 - ``update_weights``: pushing other weights (``rlcore.testing.random_hf_state``, as a stream) changes the outputs,
   which then equal transformers on those weights; pushing the checkpoint back restores the first outputs;
 - ``release_and_resume_memory``: where ``can_release_memory``, the hybrid engine's order (release, resume weights,
@@ -362,6 +363,14 @@ def check_score_from_any_start(c: Contract) -> None:
     assert worst < c.tolerance, f"score differs from transformers by {worst:.2e}"
 
 
+def check_score_refuses_the_first_token(c: Contract) -> None:
+    """A sequence's first token has no logprob: asking for it must fail, not return another position's."""
+    import pytest
+
+    with pytest.raises((ValueError, RuntimeError)):
+        c.engine.score([c.prompts[0]], [0])
+
+
 def check_update_weights(c: Contract) -> None:
     """Every step's weight sync: a stream of full HF-named tensors replaces every weight, no stale KV is reused."""
     from transformers import AutoModelForCausalLM
@@ -419,6 +428,7 @@ CHECKS: dict[str, Callable[[Contract], None]] = {
     "logprobs_after_temperature": check_logprobs_after_temperature,
     "greedy_equals_score": check_greedy_equals_score,
     "score_from_any_start": check_score_from_any_start,
+    "score_refuses_the_first_token": check_score_refuses_the_first_token,
     "update_weights": check_update_weights,
     "release_and_resume_memory": check_release_and_resume_memory,
     "stop_is_idempotent": check_stop_is_idempotent,       # last: it ends the engine

@@ -81,6 +81,8 @@ class HFRollout(RolloutBackend):
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         """log p(token j | tokens < j) for j from ``start`` on, at temperature 1."""
+        if any(s < 1 for s in start):     # position -1 would silently give the last position's prediction
+            raise ValueError("score: a sequence's first token has no logprob (start must be >= 1)")
         result = []
         for seq, st in zip(sequences, start):
             logp = torch.log_softmax(self._forward([list(seq)])[0], -1)
