@@ -1,16 +1,19 @@
-"""Time RL steps at the quickstart's scale and split them into phases.
+"""Time RL steps at the quickstart's scale and split them into phases, for each rollout backend in one run.
 
-    python bench/step_breakdown.py [--steps 40] [--warmup 5] [key=value ...]
+    python bench/step_breakdown.py [--backend vllm,sglang] [--steps 40] [--warmup 5] [key=value ...]
 
-Prints the median seconds of rollout / weight sync / logprobs / train / whole step, and the weight sync against
-its floor measured in the same run: a plain ``copy_`` of the same tensors (same names, shapes, bytes) into
-preallocated buffers. Target on the 2-core CPU machine: median step < 0.4 s.
+Prints, per backend, the median seconds of rollout / weight sync / logprobs / train / whole step, each backend's
+phases against the first's, and the weight sync against its floor measured in the same run: a plain ``copy_`` of
+the same tensors (same names, shapes, bytes) into preallocated buffers. Target on the 2-core CPU machine: median
+step < 0.4 s.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,22 +37,19 @@ def plain_copy_seconds(actor, repeats: int = 5) -> tuple[float, int]:
     return best, sum(t.numel() * t.element_size() for t in tensors)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=5, help="steps excluded from the medians")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+PHASES = ("rollout", "sync", "logprobs", "train", "reward", "step")
 
+
+def measure(backend: str, args) -> dict:
+    """Median seconds per phase over the timed steps of one run with ``backend`` generating."""
     from rlcore.config import load_config
     from rlcore.controller import Trainer
     from rlcore.plugins import load_plugins
 
-    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config("quickstart", [f"run.dir={run_dir}", "run.progress=false", "trainer.loggers=[]",
-                                         *args.overrides])
-        trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+                                         f"rollout.backend={backend}", *args.overrides])
+        trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", backend]))
         try:
             trainer.setup()
             trainer.evaluate(0)  # the engine's first generate pays one-off warm-up costs
@@ -64,22 +64,48 @@ def main() -> int:
             copy_s, copy_bytes = plain_copy_seconds(trainer.workers.workers[0].actor)
         finally:
             trainer.close()
+    result = {phase: statistics.median(r["time/" + phase] for r in rows) for phase in PHASES}
+    result.update(copy_s=copy_s, copy_bytes=copy_bytes, sync_bytes=int(rows[-1]["sync/bytes"]),
+                  parameters=parameters, steps=len(rows), prompts=cfg.trainer.prompts_per_step, n=cfg.rollout.n)
+    return result
 
-    def med(key):
-        return statistics.median(r[key] for r in rows)
 
-    sync_bytes = int(rows[-1]["sync/bytes"])
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="vllm,sglang", help="rollout backends, comma-separated, in one run")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5, help="steps excluded from the medians")
+    parser.add_argument("--measure-to", help=argparse.SUPPRESS)     # one backend's run, in its own process
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    if args.measure_to:
+        with open(args.measure_to, "w") as f:
+            json.dump(measure(args.backend, args), f)
+        return 0
+    backends = args.backend.split(",")
+    results = {}
+    for b in backends:    # each in a fresh process: Megatron's parallel state is per process
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([sys.executable, __file__, "--backend", b, "--steps", str(args.steps), "--warmup",
+                            str(args.warmup), "--measure-to", out.name, *args.overrides], check=True)
+            results[b] = json.load(open(out.name))
+    first = results[backends[0]]
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    print(f"quickstart scale: {cfg.trainer.prompts_per_step} prompts x {cfg.rollout.n} samples, "
-          f"{parameters:,} parameters, {len(rows)} timed steps (after {args.warmup} warm-up), "
-          f"torch threads {torch.get_num_threads()}, VLLM_CPU_OMP_THREADS_BIND={bind}")
-    print(f"{'phase':<10} {'median s':>9}")
-    for phase in ("rollout", "sync", "logprobs", "train", "reward", "step"):
-        print(f"{phase:<10} {med('time/' + phase):>9.4f}")
-    sync = med("time/sync")
-    print(f"weight sync: {sync_bytes / 1e6:.2f} MB in {sync:.4f} s; plain copy of the same {copy_bytes / 1e6:.2f} MB: "
-          f"{copy_s:.5f} s; sync / copy = {sync / copy_s:.1f}x")
-    print(f"median step {med('time/step'):.3f} s (target < 0.4 s): {'MET' if med('time/step') < 0.4 else 'NOT MET'}")
+    print(f"quickstart scale: {first['prompts']} prompts x {first['n']} samples, {first['parameters']:,} parameters, "
+          f"{first['steps']} timed steps (after {args.warmup} warm-up), torch threads {torch.get_num_threads()}, "
+          f"VLLM_CPU_OMP_THREADS_BIND={bind}")
+    print(f"{'phase':<10}" + "".join(f" {b + ' s':>10}" for b in backends)
+          + "".join(f" {b + '/' + backends[0]:>14}" for b in backends[1:]))
+    for phase in PHASES:
+        print(f"{phase:<10}" + "".join(f" {results[b][phase]:>10.4f}" for b in backends)
+              + "".join(f" {results[b][phase] / max(first[phase], 1e-9):>14.2f}" for b in backends[1:]))
+    for b in backends:
+        r = results[b]
+        print(f"{b}: weight sync {r['sync_bytes'] / 1e6:.2f} MB in {r['sync']:.4f} s; plain copy of the same "
+              f"{r['copy_bytes'] / 1e6:.2f} MB: {r['copy_s']:.5f} s; sync / copy = {r['sync'] / r['copy_s']:.1f}x; "
+              f"median step {r['step']:.3f} s (target < 0.4 s): {'MET' if r['step'] < 0.4 else 'NOT MET'}")
     return 0
 
 

@@ -1,12 +1,12 @@
 """Weight sync train -> rollout on a ~0.5B-parameter Qwen3-shaped model (random weights), at several layouts.
 
-    python bench/weight_sync.py [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
+    python bench/weight_sync.py [--backend vllm,sglang] [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
 
-For each layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a vLLM engine
-(rollout TP=1, external launcher). After one warm-up sync, ``--repeats`` timed syncs alternate with the engine floor:
-the engine ingesting the same full HF tensors already in memory (``update_weights`` with no conversion or
-communication), so that drift on a busy machine hits both alike. "sync/ingest" is the median of those paired
-ratios, on the worst rank. Goal: sync <= 1.3x the engine floor.
+For each backend and layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a rollout
+engine (rollout TP=1: vLLM in the process through its external launcher, SGLang in its own scheduler process).
+After one warm-up sync, ``--repeats`` timed syncs alternate with the engine floor: the engine ingesting the same full
+HF tensors already in memory (``update_weights`` with no conversion or communication), so that drift on a busy
+machine hits both alike. "sync/ingest" is the median of those paired ratios, on the worst rank. Goal: sync <= 1.3x the engine floor.
 
 Columns: seconds per sync (median) with the default transport (shared memory between ranks on one host);
 "producer s", the part of it spent producing tensors (assembling and converting buckets, waiting for the other
@@ -100,8 +100,8 @@ def rank_main(args) -> None:
     from rlcore.engine.reshard import Resharder
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel
+    from rlcore.plugins import load_plugins
     from rlcore_model_qwen3.plugin import QWEN3
-    from rlcore_rollout_vllm.backend import VLLMRollout
 
     world, tp, pp = LAYOUTS[args.layout]
     init_parallel(tp, pp, seed=0)
@@ -112,7 +112,8 @@ def rank_main(args) -> None:
     resharder = Resharder(model, converter, bucket_bytes)                          # auto: shared memory on one host
     peer = Resharder(model, converter, bucket_bytes, transport="collectives") if world > 1 else None
     cfg = load_config("quickstart", ["rollout.kv_cache_gib=0.25"]).rollout
-    rollout = VLLMRollout(args.ckpt, cfg, max_model_len=256, distributed=world > 1)
+    backend = load_plugins([args.backend]).registry.get("rollout_backends", args.backend)
+    rollout = backend.factory(args.ckpt, cfg, max_model_len=256, distributed=world > 1)
     counted = {}
 
     def counting(stream):
@@ -178,6 +179,7 @@ def rank_main(args) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="vllm,sglang", help="rollout backends, comma-separated, in one run")
     parser.add_argument("--layouts", default="tp1,tp2,pp2")
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -194,25 +196,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
         make_checkpoint(ckpt, args.dtype)
         params = None
-        columns = ["layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
+        columns = ["backend", "layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
                    "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest",
                    "sync/copy"]
         print(" ".join(f"{c:>{max(len(c), 7)}}" for c in columns))
-        for layout in args.layouts.split(","):
+        for backend, layout in [(b, lay) for lay in args.layouts.split(",") for b in args.backend.split(",")]:
             world = LAYOUTS[layout][0]
             with tempfile.TemporaryDirectory() as out:
                 cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
                        "--master_port=29613", __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
-                       "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype, "--repeats", str(args.repeats)]
+                       "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype, "--repeats", str(args.repeats),
+                       "--backend", backend]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
-                    print(f"{layout}: failed\n{proc.stderr[-3000:]}")
+                    print(f"{backend} {layout}: failed\n{proc.stderr[-3000:]}")
                     continue
                 ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
             worst = max(ranks, key=lambda r: r["ratio"])
             params = worst["bytes"] // (4 if args.dtype == "float32" else 2)
             mb = 1 << 20
-            row = [layout, f"{worst['sync_s']:.2f}", f"{worst['producer_s']:.2f}", f"{worst['peer_s']:.2f}",
+            row = [backend, layout, f"{worst['sync_s']:.2f}", f"{worst['producer_s']:.2f}", f"{worst['peer_s']:.2f}",
                    f"{worst['bytes'] / mb:.0f}",
                    worst["collectives"], worst["buckets"], sum(r["remaps"] for r in ranks),
                    f"{worst['slots_bytes'] / mb:.0f}", f"{max(r['peak_extra_bytes'] for r in ranks) / mb:.0f}",
