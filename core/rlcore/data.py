@@ -37,6 +37,14 @@ class Batch:
         return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
 
 
+def sequence_lengths(batch: Batch) -> torch.Tensor:
+    """Each row's tokens (prompt and response); the full width where rows do not say."""
+    width = batch["input_ids"].shape[1]
+    if "prompt_len" not in batch.tensors:
+        return torch.full((len(batch),), width, dtype=torch.long)
+    return (batch["prompt_len"] + batch["response_len"]).clamp(max=width)
+
+
 def build_sequences(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
                     response_logprobs: Sequence[list[float]] | None = None) -> dict[str, torch.Tensor]:
     """Right-padded prompt+response token ids, label-aligned response mask, and the engine's logprobs."""

@@ -99,7 +99,7 @@ def _serve(factory: Factory, model_path: str, conn) -> None:
 
     try:
         backend = factory(model_path)
-        conn.send_bytes(pickle.dumps(("ok", None)))
+        conn.send_bytes(pickle.dumps(("ok", backend.can_release_memory)))
     except BaseException:
         conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
         return
@@ -135,7 +135,7 @@ class SubprocessBackend(RolloutBackend):
         self._process = ctx.Process(target=_serve, args=(factory, model_path, child), daemon=True)
         self._process.start()
         child.close()
-        self._reply()
+        self.can_release_memory = self._reply()
 
     def _reply(self) -> Any:
         if not self._conn.poll(self._timeout):
@@ -168,6 +168,12 @@ class SubprocessBackend(RolloutBackend):
         finally:
             self._conn.send_bytes(pickle.dumps(None))       # the end of the stream
         self._reply()
+
+    def release_memory(self) -> None:
+        self._call("release_memory")
+
+    def resume_memory(self, what: str) -> None:
+        self._call("resume_memory", what)
 
     def stop(self) -> None:
         self._call("stop")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.data import Batch
+from rlcore.data import Batch, sequence_lengths
 
 
 @dataclass
@@ -25,14 +25,6 @@ class Packed:
     rows: torch.Tensor
     cols: torch.Tensor
     shape: tuple[int, int]     # the micro-batch's [rows, width]
-
-
-def sequence_lengths(batch: Batch) -> torch.Tensor:
-    """Each row's tokens (prompt and response); the full width where rows do not say."""
-    width = batch["input_ids"].shape[1]
-    if "prompt_len" not in batch.tensors:
-        return torch.full((len(batch),), width, dtype=torch.long)
-    return (batch["prompt_len"] + batch["response_len"]).clamp(max=width)
 
 
 def pack(batch: Batch, multiple: int = 1) -> Packed:

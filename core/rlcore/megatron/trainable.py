@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from rlcore.balance import split_to_count, token_budget_micro_batches
 from rlcore.config.schema import TrainedModelConfig
-from rlcore.data import Batch
+from rlcore.data import Batch, sequence_lengths
 from rlcore.lr_schedule import learning_rate
-from rlcore.megatron.packing import pack, sequence_lengths, unpack
+from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
 
