@@ -24,6 +24,7 @@ def test_sglang_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache
     summary, prints, history = run_layout(tmp_path, warm_start_cache, SGLANG + LAYOUTS[layout], steps=3,
                                           plugins=("qwen3", "grpo", "sglang"))
     assert len(history) == 3
-    assert all(h["check/logprob_max_diff"] < 1e-3 for h in history), [h["check/logprob_max_diff"] for h in history]
+    # fp32 on both sides: measured 0 to 4.8e-6 (vLLM's layouts allow 1e-3)
+    assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
     assert all(h["sync/bytes"] > 0 for h in history[1:])
     assert_replicas_agree(prints)

@@ -64,13 +64,24 @@ class SGLangRollout(RolloutBackend):
                         attention_backend="torch_native",  # the CPU default (intel_amx) needs the real sgl_kernel
                         sampling_backend="pytorch", disable_cuda_graph=True,
                         sleep_on_idle=True,                # else the idle scheduler busy-polls a core
-                        mem_fraction_static=0.05,
+                        # the KV cache is max_total_tokens (rollout.kv_cache_gib); the fraction only gates SGLang's
+                        # start check that the loaded weights leave memory free, measured against the memory free
+                        # at start, which the other ranks' engines loading on the same host also take (a fixed
+                        # 0.05 failed it for a 0.5B model, 0.17 with two engines starting at once)
+                        mem_fraction_static=0.9,
                         max_total_tokens=_kv_cache_tokens(model_path, cfg.kv_cache_gib))
         args.update(engine_overrides)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         start_method = multiprocessing.get_start_method(allow_none=True)
-        self.engine = sglang.Engine(**args)
-        multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
+        # under torchrun this process's environment says "join the launcher's store": SGLang's scheduler, which
+        # inherits it, would then wait forever for its own rendezvous in a store that never answers
+        agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        try:
+            self.engine = sglang.Engine(**args)
+        finally:
+            if agent_store is not None:
+                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+            multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
         self._pids = {p.pid for p in psutil.Process().children(recursive=True)} - before
 
     def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
