@@ -5,6 +5,7 @@ every trainer rank hosts its own engine (a replica); at rollout.tp=2 a replica's
 TP ranks and shares its results with the other. After every weight push the engine's logprobs on a fixed batch equal
 the actor's on every rank, and the replicas that must agree do agree bit for bit."""
 import importlib.util
+import os
 
 import pytest
 
@@ -15,12 +16,17 @@ if importlib.util.find_spec("sglang") is None:
     pytest.skip("SGLang is not installed (contrib/rollout/sglang/requirements-sglang.txt)", allow_module_level=True)
 
 SGLANG = ["rollout.backend=sglang"]
+# every run: TP2 training with SGLang's own TP2; PP2 with an engine per rank; Qwen3-MoE with its experts over 2 ranks
+# (data-parallel 2 for everything else), an engine per rank
+EVERY_RUN = ["tp2-rollout_tp2", "pp2", "moe-ep2"]
+# the rest of the vLLM layouts that run on CPU, on request (RLCORE_ALL_LAYOUTS=1): ~1.5 min each, and their
+# resharded stream is the one the vLLM layouts check
+ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2"]
+ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
-@pytest.mark.parametrize("layout", ["tp2-rollout_tp2", "pp2", "moe-ep2"])
+@pytest.mark.parametrize("layout", EVERY_RUN + [pytest.param(layout, marks=ON_REQUEST_ONLY) for layout in ON_REQUEST])
 def test_sglang_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
-    """TP2 training with SGLang's own TP2; PP2 with an engine per rank; Qwen3-MoE with its experts over 2 ranks
-    (data-parallel 2 for everything else), an engine per rank."""
     summary, prints, history = run_layout(tmp_path, warm_start_cache, SGLANG + LAYOUTS[layout], steps=3,
                                           plugins=("qwen3", "grpo", "sglang"))
     assert len(history) == 3

@@ -1,8 +1,9 @@
 """The shims that let SGLang (pinned: 0.5.23) run on a CPU from PyPI packages alone, next to vLLM's CPU build.
 
 ``rlcore_rollout_sglang.pth`` (shipped at the top of site-packages) runs ``rlcore_rollout_sglang.startup`` at every
-interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the functions below when the module
-they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too. Each names what
+interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the first two functions below when
+the module they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too;
+``bind_threads`` runs before an engine with more than one TP rank starts. Each names what
 it works around; ``tests/test_sglang_cpu_shims.py`` shows each is still needed, so a shim that a later SGLang (or
 torchvision) no longer needs shows up as a failing test. The third workaround is not code: ``requirements-sglang.txt``
 installs SGLang with ``--no-deps`` and pins what it imports, because its declared dependencies pin a CUDA torch and

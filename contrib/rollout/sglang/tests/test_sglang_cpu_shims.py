@@ -16,6 +16,7 @@ if importlib.util.find_spec("sglang") is None or torch.cuda.is_available():
 
 def run(code: str, skip: str = "", cpu_engine: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLCORE_SGLANG_CPU_SHIMS_SKIP": skip}
+    env.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
     if cpu_engine:
         env.update(RLCORE_SGLANG_CPU_SHIMS="1", SGLANG_USE_CPU_ENGINE="1")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -48,3 +49,16 @@ def test_sgl_kernel_stand_in_still_needed():
     assert run(code).stdout.strip().endswith("rlcore.cpu.stand.in")
     # the stand-in is served only to processes that asked for SGLang's CPU engine
     assert "No module named 'sgl_kernel'" in run("import sgl_kernel", cpu_engine=False).stderr
+
+
+def test_binding_engine_tp_ranks_to_cores_still_needed():
+    """SGLang's CPU engine asserts one TP rank per NUMA node unless each rank's cores are named (bind_threads)."""
+    probe = ("from sglang.srt.utils.numa_utils import get_cpu_ids_by_node, init_threads_binding\n"
+             "print(len(get_cpu_ids_by_node()))\n"
+             "print(init_threads_binding(numa_index=1, world_size=2))")
+    without = run(probe)
+    if without.returncode == 0 and int(without.stdout.split()[0]) >= 2:
+        pytest.skip("this machine has a NUMA node per engine TP rank")
+    assert without.returncode != 0 and "SGLANG_CPU_OMP_THREADS_BIND is not set" in without.stderr
+    bound = run("from rlcore_rollout_sglang import cpu; cpu.bind_threads(2)\n" + probe)
+    assert bound.returncode == 0, bound.stderr[-2000:]
