@@ -16,7 +16,9 @@ if importlib.util.find_spec("sglang") is None or torch.cuda.is_available():
 
 def run(code: str, skip: str = "", cpu_engine: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLCORE_SGLANG_CPU_SHIMS_SKIP": skip}
-    env.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+    # what an engine started earlier in this session (cpu.enable) left in the environment
+    for name in ("SGLANG_CPU_OMP_THREADS_BIND", "RLCORE_SGLANG_CPU_SHIMS", "SGLANG_USE_CPU_ENGINE"):
+        env.pop(name, None)
     if cpu_engine:
         env.update(RLCORE_SGLANG_CPU_SHIMS="1", SGLANG_USE_CPU_ENGINE="1")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
