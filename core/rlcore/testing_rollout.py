@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import pickle
 import traceback
 from dataclasses import dataclass
@@ -400,9 +399,9 @@ def check_update_weights(c: Contract) -> None:
 
 
 def _checkpoint_weights(c: Contract) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors.torch import load_file
+    from rlcore.megatron.model import read_hf_weights
 
-    return iter(load_file(os.path.join(c.path, "model.safetensors")).items())
+    return iter(read_hf_weights(c.path).items())
 
 
 def check_release_and_resume_memory(c: Contract) -> None:
