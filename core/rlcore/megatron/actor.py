@@ -15,6 +15,7 @@ import torch.distributed as dist
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
 from rlcore.engine.reshard import Resharder
+from rlcore.hf_checkpoint import TensorSpec
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.trainable import LossFn, MegatronTrainable
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
@@ -57,10 +58,15 @@ class MegatronActor(MegatronTrainable):
         """Full HF-named tensors, bucket by bucket. Collective: every rank must consume the whole stream."""
         return self.resharder.stream()
 
-    def save_hf(self, directory: str) -> None:
-        """Collective; global rank 0 writes."""
+    def hf_specs(self) -> list[TensorSpec]:
+        """The HF tensors ``hf_weights`` yields, in order, with their shapes and dtypes."""
+        return [TensorSpec(name, shape, e.dtype) for b in self.resharder.buckets for e in b.entries
+                for name, shape in e.hf]
+
+    def save_hf(self, directory: str, max_shard_bytes: int = 5 << 30) -> None:
+        """Collective; global rank 0 writes the HF checkpoint as the weights stream by, one bucket in memory."""
         if dist.get_rank() == 0:
-            save_hf(self.hf_weights(), self.hf_config, directory)
+            save_hf(self.hf_weights(), self.hf_specs(), self.hf_config, directory, max_shard_bytes)
         else:
             for _ in self.hf_weights():
                 pass

@@ -2,15 +2,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Mapping
+from itertools import chain
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from rlcore.convert import Layout, WeightConverter
+from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_config import with_transformers_defaults
 from rlcore.specs import ModelSpec
+
+log = logging.getLogger(__name__)
 
 # Fused kernels that need CUDA / TransformerEngine / Apex; off unless running on CUDA.
 _CPU_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -24,14 +29,9 @@ def read_hf_config(path: str) -> dict:
         return with_transformers_defaults(json.load(f))
 
 
-def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(os.path.join(path, f)))
-    return state
+def read_hf_weights(path: str) -> HFCheckpoint:
+    """The checkpoint's weights, read lazily tensor by tensor (``rlcore.hf_checkpoint``)."""
+    return HFCheckpoint(path)
 
 
 # actor/critic.recompute -> megatron-core's activation recompute options. selective: the core attention's
@@ -95,7 +95,9 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
     return model, converter
 
 
-def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: dict[str, torch.Tensor]) -> None:
+def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: Mapping[str, torch.Tensor]) -> None:
+    """Copy this rank's shard of every weight from ``hf_state`` into ``model``, one tensor at a time: from an
+    ``HFCheckpoint``, only the tensors this rank's rules ask for are read, and none is kept once copied."""
     from megatron.core import parallel_state as mpu
 
     from rlcore.engine.reshard import global_name, is_expert, named_weights
@@ -103,21 +105,42 @@ def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: d
     params = {global_name(model, n): p for n, p in named_weights(model, converter)}
     experts = {n: p for n, p in params.items() if is_expert(p)}     # whole experts: not split over TP
     dense = {n: p for n, p in params.items() if n not in experts}
-    tensors = [*converter.megatron_from_hf(hf_state, dense.items(), mpu.get_tensor_model_parallel_rank(),
-                                           mpu.get_tensor_model_parallel_world_size()),
-               *converter.megatron_from_hf(hf_state, experts.items())]
+    tensors = chain(converter.megatron_from_hf(hf_state, dense.items(), mpu.get_tensor_model_parallel_rank(),
+                                               mpu.get_tensor_model_parallel_world_size()),
+                    converter.megatron_from_hf(hf_state, experts.items()))
     with torch.no_grad():
         for name, value in tensors:
             if value.shape != params[name].shape:
                 raise ValueError(f"HF weights give {name} shape {tuple(value.shape)}, model has "
                                  f"{tuple(params[name].shape)}: the checkpoint does not match its config.json")
             params[name].copy_(value)
+    if isinstance(hf_state, HFCheckpoint):
+        _log_load(hf_state, converter, model.config.num_layers)
 
 
-def save_hf(hf_weights: Iterator[tuple[str, torch.Tensor]], hf_config: dict, directory: str) -> None:
-    """Write config.json + model.safetensors (tensors only; no pickled code)."""
-    os.makedirs(directory, exist_ok=True)
-    state = {n: t.contiguous().clone() for n, t in hf_weights}
-    save_file(state, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+def _log_load(checkpoint: HFCheckpoint, converter: WeightConverter, num_layers: int) -> None:
+    """What this rank read; and, once, what no rule reads (MTP layers, stray tensors): skipped, never loaded into
+    another layer."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    log.info("rank %d: %s", rank, checkpoint.summary())
+    if rank:
+        return
+    extra_layers, other = unused_names(checkpoint, set(converter.hf_names()), num_layers)
+    if extra_layers:
+        log.warning("%s: skipped decoder layer(s) %s beyond the model's %d (multi-token prediction: not trained, "
+                    "not exported)", checkpoint.path, ", ".join(map(str, extra_layers)), num_layers)
+    if other:
+        log.warning("%s: %d tensor(s) no weight rule reads were not loaded, e.g. %s", checkpoint.path, len(other),
+                    ", ".join(other[:3]))
+
+
+def save_hf(hf_weights: Iterator[tuple[str, torch.Tensor]], specs: list[TensorSpec], hf_config: dict,
+            directory: str, max_shard_bytes: int = 5 << 30) -> None:
+    """Write config.json and the weights (tensors only; no pickled code) as HF's sharded safetensors, streamed:
+    ``specs`` names the stream's tensors in order. The weights written are not quantized, so config.json loses any
+    ``quantization_config``."""
+    write_sharded(directory, specs, hf_weights, max_shard_bytes)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+        json.dump({k: v for k, v in hf_config.items() if k != "quantization_config"}, f, indent=2)
