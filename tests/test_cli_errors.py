@@ -48,6 +48,24 @@ def test_model_config_the_plugin_cannot_map_is_refused_before_workers_start(tmp_
     assert "Traceback" not in result.stderr
 
 
+def test_quantization_rlcore_cannot_load_is_refused_before_workers_start(tmp_path):
+    """An AWQ checkpoint's packed integers would otherwise load as weights of another model."""
+    from rlcore.testing import tiny_checkpoint
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
+    tiny_checkpoint(QWEN3, str(tmp_path), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                    ffn_hidden_size=64, max_position_embeddings=32, hf_overrides={"quantization_config": awq})
+    write_char_tokenizer(str(tmp_path))
+    result = rlcore("run", "--plugins=qwen3,grpo,vllm", f"model.path={tmp_path}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
+    assert len(lines) == 1 and f"model.path {tmp_path}: its config.json declares quantization_config with " \
+        "quant_method 'awq'" in lines[0] and "unquantized" in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_plugins_command_lists_distributions_and_registrations():
     result = rlcore("plugins")
     assert result.returncode == 0, result.stderr

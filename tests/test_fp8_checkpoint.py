@@ -139,3 +139,17 @@ def test_fp8_checkpoint_loads_at_tp2(fp8, tmp_path):
                              f"--master_port={_free_port()}", str(script), family, path, plain],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0 and result.stdout.count("TP2 OK") == 2, result.stderr[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_grpo_from_an_fp8_checkpoint_serves_the_dequantized_weights(quickstart, tmp_path):
+    """The quickstart's model written in block FP8: the actor loads it dequantized, vLLM starts without weights
+    (it would serve FP8 differently, and on CPU not at all) and after each push serves what the actor holds: the
+    engine check after every sync passes (placeholder weights would fail it)."""
+    from rlcore.testing import run_grpo_smoke
+
+    fp8_dir = str(tmp_path / "fp8")
+    quantize_checkpoint(quickstart.model_path, fp8_dir, (32, 48), shard_bytes=256 << 10)
+    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, f"model.path={fp8_dir}")
+    print("engine check after each push:", [h["check/logprob_max_diff"] for h in history])

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -182,6 +183,27 @@ def unused_names(names: Iterable[str], used: set[str], num_layers: int) -> tuple
         else:
             other.append(name)
     return sorted(extra_layers), other
+
+
+def weightless_copy(path: str, out: str) -> str:
+    """``path``'s config.json (less its ``quantization_config``) and tokenizer files, without weights, in ``out``:
+    what a rollout engine starts from when the checkpoint's files are not the model the actor trains (block FP8,
+    which engines would serve quantized, or on CPU not at all); the first weight push gives it the dequantized
+    weights the actor loaded."""
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(path):
+        source = os.path.join(path, name)
+        if name.endswith(".safetensors") or name == INDEX or not os.path.isfile(source):
+            continue
+        if name == "config.json":
+            with open(source) as f:
+                config = json.load(f)
+            config.pop("quantization_config", None)
+            with open(os.path.join(out, name), "w") as f:
+                json.dump(config, f, indent=2)
+        else:
+            shutil.copy(source, os.path.join(out, name))
+    return out
 
 
 # --- writing ------------------------------------------------------------------------------------------------------

@@ -106,9 +106,13 @@ class RolloutBackend(abc.ABC):
 
 @dataclass(frozen=True)
 class RolloutBackendSpec:
-    """factory(model_path, rollout_config, seed=, max_model_len=, distributed=) -> RolloutBackend.
+    """factory(model_path, rollout_config, seed=, max_model_len=, distributed=[, load_weights=]) -> RolloutBackend.
     ``distributed``: the engine spans the trainer's torch.distributed world (tensor-parallel groups of rollout.tp
     consecutive ranks, one replica per group), every rank calling each method with its replica's inputs.
+    ``load_weights=False`` (passed only when needed, so a backend without the keyword still serves plain
+    checkpoints): ``model_path`` holds a config and tokenizer but no weights, because the checkpoint's files are not
+    the model the actor trains (block FP8, dequantized by rlcore as it loads); start with placeholder weights, the
+    first weight push brings the real ones.
     check(hf_config, rollout_config, here), if given, raises ConfigError for a model or settings this engine cannot
     serve (one line: what, and what to do instead); it runs before any worker starts, and on ``--dry-run`` with
     ``here=False`` (a dry run plans for other machines: leave out the limits of this one, e.g. of a CPU build)."""

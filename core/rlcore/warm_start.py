@@ -56,7 +56,9 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, optimizer: Optimizer
              "%s for later runs)", cfg.warm_start.steps, target)
     loss = supervised_warm_start(actor, task, AutoTokenizer.from_pretrained(tmp), cfg.warm_start.steps,
                                  cfg.warm_start.batch_size, progress=cfg.run.progress)
-    actor.save_hf(tmp)
+    # in HF's sharded layout (files of 1 MB, with an index), as large published checkpoints come: every run of the
+    # tiny model then loads a multi-file checkpoint into the actor, the critic and the rollout engine
+    actor.save_hf(tmp, max_shard_bytes=1 << 20)
     with open(os.path.join(tmp, READY), "w") as f:
         json.dump({"warm_start_steps": cfg.warm_start.steps, "final_loss": loss,
                    "seconds": time.perf_counter() - start}, f)

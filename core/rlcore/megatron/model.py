@@ -13,6 +13,7 @@ import torch
 from rlcore.convert import Layout, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_config import with_transformers_defaults
+from rlcore.quantization import checkpoint_quantization
 from rlcore.specs import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
 
 
 def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32") -> None:
-    """The checkpoint's architecture is the family's, and everything the model plugin derives from ``hf_config``
-    (TransformerConfig, GPTModel arguments, weight rules) builds, without building a model: a mismatch, or a value
-    the plugin cannot map, raises a ValueError here."""
+    """The checkpoint's quantization (if any) is one rlcore loads, its architecture is the family's, and everything
+    the model plugin derives from ``hf_config`` (TransformerConfig, GPTModel arguments, weight rules) builds, without
+    building a model: a mismatch, or a value the plugin cannot map, raises a ValueError here."""
+    checkpoint_quantization(hf_config)          # a quantization rlcore cannot load is refused, naming it
     arch = (hf_config.get("architectures") or ["?"])[0]
     if arch not in spec.hf_architectures:
         raise ValueError(f"it holds a {arch} checkpoint but model.family {spec.name!r} handles "

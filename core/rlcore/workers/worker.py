@@ -3,6 +3,8 @@ its own share of the data, and collectives inside line up across ranks."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,8 +126,10 @@ class ActorRolloutWorker(Worker):
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)
+        from rlcore.hf_checkpoint import weightless_copy
         from rlcore.megatron.actor import MegatronActor
         from rlcore.megatron.model import read_hf_config, read_hf_weights
+        from rlcore.quantization import checkpoint_quantization
 
         reg = self.registry
         hf_config = read_hf_config(model_path)
@@ -137,10 +141,15 @@ class ActorRolloutWorker(Worker):
         self.trainable = self.actor
         if self.algorithm.needs_reference(self.algo_cfg):    # the starting weights, also when a run resumes
             self.actor.freeze_reference()
+        # a checkpoint whose files are not the model the actor loaded (block FP8, dequantized on load): the engine
+        # starts from its config without weights and gets the actor's at the first push
+        quantized = checkpoint_quantization(hf_config) is not None
+        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if quantized else None
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
-            model_path, cfg.rollout, seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"],
-            distributed=world_size > 1)
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=True, offload=cfg.actor.offload)
+            weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
+            seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=world_size > 1,
+            **({"load_weights": False} if quantized else {}))
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not quantized, offload=cfg.actor.offload)
         self.coords = parallel_coords(rank, cfg.rollout.tp, world_size)
 
     # --- rollout -------------------------------------------------------------------------------------------------
@@ -238,3 +247,5 @@ class ActorRolloutWorker(Worker):
         if self.rollout is not None:
             self.rollout.stop()
             self.rollout = None
+        if self._engine_dir:
+            shutil.rmtree(self._engine_dir, ignore_errors=True)

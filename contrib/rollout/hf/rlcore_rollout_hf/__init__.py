@@ -15,13 +15,15 @@ from rlcore.specs import Generation, RolloutBackend, RolloutBackendSpec
 
 class HFRollout(RolloutBackend):
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
-                 distributed: bool = False):
-        from transformers import AutoModelForCausalLM
+                 distributed: bool = False, load_weights: bool = True):
+        """``load_weights=False``: the config's model with freshly initialised weights until the first push."""
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if cfg.tp != 1:
             raise RlcoreError(f"rollout.backend=hf runs a whole model per worker: set rollout.tp=1 (got {cfg.tp})")
         dtype = torch.float32 if not torch.cuda.is_available() else torch.bfloat16
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+        self.model = (AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype) if load_weights else
+                      AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=dtype)).eval()
         if torch.cuda.is_available():
             self.model.cuda()
         eos = self.model.generation_config.eos_token_id
@@ -102,8 +104,9 @@ class HFRollout(RolloutBackend):
         self.model = None
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
-    return HFRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed)
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
+    return HFRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
+                     load_weights=load_weights)
 
 
 @hookimpl

@@ -14,11 +14,12 @@ def _require_sglang() -> None:
         raise ConfigError(f"rollout.backend=sglang needs SGLang, which is not installed: {INSTALL}")
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
     _require_sglang()
     from rlcore_rollout_sglang.backend import SGLangRollout
 
-    return SGLangRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed)
+    return SGLangRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
+                         **({} if load_weights else {"load_format": "dummy"}))
 
 
 def _check(hf_config: dict, cfg, here: bool) -> None:

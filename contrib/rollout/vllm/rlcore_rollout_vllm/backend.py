@@ -17,9 +17,10 @@ class VLLMRollout(RolloutBackend):
     can_release_memory = False  # the CPU build has no sleep mode; set per platform in __init__
 
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
-                 distributed: bool = False):
+                 distributed: bool = False, load_weights: bool = True):
         """``distributed``: every trainer rank hosts its shard of an engine whose tensor-parallel groups are
-        consecutive ranks (``rollout.tp`` each), over the trainer's torch.distributed world (external launcher)."""
+        consecutive ranks (``rollout.tp`` each), over the trainer's torch.distributed world (external launcher).
+        ``load_weights=False``: placeholder weights until the first push (vLLM's dummy load format)."""
         # The engine runs in this process, so tensors pass to it directly. On CPU it then also binds this
         # process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND) and turns torch.set_num_threads into a no-op.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -29,6 +30,7 @@ class VLLMRollout(RolloutBackend):
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
                        kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
                        logprobs_mode="processed_logprobs",  # after temperature: the policy actually sampled
+                       load_format="auto" if load_weights else "dummy",
                        **(dict(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
                           if distributed else {}))
         self.seed = seed

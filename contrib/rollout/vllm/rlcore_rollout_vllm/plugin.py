@@ -3,10 +3,11 @@ from rlcore.hookspecs import hookimpl
 from rlcore.specs import RolloutBackendSpec
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False):
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
     from rlcore_rollout_vllm.backend import VLLMRollout
 
-    return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed)
+    return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
+                       load_weights=load_weights)
 
 
 @hookimpl
