@@ -92,3 +92,32 @@ def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):
     none = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run"], capture_output=True, text=True,
                           timeout=120)
     assert none.returncode == 2 and "needs the model's sizes: set model.path" in none.stderr
+
+
+def test_a_reference_policy_is_counted_where_it_lives(registry, capsys):
+    """With a KL term the frozen reference is a second copy of the parameters: on the device, or (offloaded, the
+    default where the actor offloads its params, as this preset does) in the host's share per node."""
+    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.megatron.model import transformer_config
+    from rlcore.sizing import estimate, read_model_config
+
+    def plan(*overrides, reference=True):
+        cfg = load_config("qwen3-30b-a3b-8gpu", list(overrides))
+        hf = read_model_config(cfg)
+        config = transformer_config(registry.get("models", cfg.model.family), hf, cfg.actor.dtype)
+        return estimate(config, hf, cfg, reference)
+
+    without, on_host, on_device = plan(reference=False), plan(), plan("actor.offload.reference=false")
+    params, devices = without["per_device"]["params"], 8
+    assert on_device["per_device"] == {**without["per_device"], "reference": params}
+    assert on_host["per_device"] == without["per_device"]
+    for when in ("training", "rollout"):
+        key = f"cpu_per_node_{when}"
+        assert on_host[key] == pytest.approx(without[key] + params * devices) and on_device[key] == without[key]
+    plugins = load_plugins(["qwen3", "grpo", "vllm"])   # the CLI asks the algorithm whether it keeps a reference
+    for overrides in ([], ["algorithm.kl_coef=0.1"], ["algorithm.kl_coef=0.1", "actor.offload.reference=false"]):
+        assert cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), plugins) == 0
+    no_kl, kl_on_host, kl_on_device = capsys.readouterr().out.split("model      ")[1:]
+    assert "reference" not in no_kl
+    assert "on the host between its passes" in kl_on_host and "+ reference" not in kl_on_host
+    assert "kept on the device" in kl_on_device and "+ reference" in kl_on_device

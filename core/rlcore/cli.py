@@ -71,10 +71,10 @@ def dry_run(cfg, plugins) -> int:
 
     reg = plugins.registry
     algorithm = reg.get("algorithms", cfg.algorithm["name"])
-    check_optimizers(cfg, reg, algorithm.needs_critic(bind_plugin_section("algorithm", dict(cfg.algorithm),
-                                                                          algorithm.config_cls)))
+    algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
+    check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
     check_rollout_backend(cfg, reg, read_model_config(cfg), here=False)
-    problems, report = check(cfg, reg.get("models", cfg.model.family))
+    problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg))
     if problems:
         print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
               file=sys.stderr)

@@ -7,8 +7,9 @@ grouped-query attention, dense and MoE layers (routed + shared experts), embeddi
 
 Memory per device is for model state only — parameters, gradients (fp32 buffers, as the actor's DDP keeps them) and
 Adam's state under the distributed optimizer (fp32 master copy when parameters are bf16, plus two moments; with
-``hybrid_adam``, part of it on the host: ``optimizer_bytes``) — on the busiest pipeline stage. Activations, the
-rollout engine's weights and KV cache come on top.
+``hybrid_adam``, part of it on the host: ``optimizer_bytes``) and, where the algorithm keeps one, the frozen
+reference policy's copy of the parameters (on the host with ``actor.offload.reference``) — on the busiest pipeline
+stage. Activations, the rollout engine's weights and KV cache come on top.
 """
 from __future__ import annotations
 
@@ -141,8 +142,9 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
     return stages
 
 
-def estimate(c, hf: dict, cfg: Config) -> dict:
-    """Bytes of model state per device (busiest stage) and per node's CPU, with the offload settings applied."""
+def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
+    """Bytes of model state per device (busiest stage) and per node's CPU, with the offload settings applied;
+    ``reference``: the algorithm keeps a frozen reference policy, a second copy of the parameters."""
     p, world = cfg.actor.parallel, cfg.trainer.world_size
     dp, expert_dp = world // (p.tp * p.pp * p.cp), world // (p.ep * p.pp)
     stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers)
@@ -159,17 +161,23 @@ def estimate(c, hf: dict, cfg: Config) -> dict:
 
     worst = max((stage_bytes(s) for s in stages), key=lambda row: row["params"] + row["grads"] + row["optimizer"])
     per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"])
-    cpu = worst["host"]
     off = cfg.actor.offload           # parked on the host while the rollout engine runs
+    ref = worst["params"] if reference else 0.0
+    ref_on_host = reference and off.reference_on_host()     # there but for its own passes
+    if reference and not ref_on_host:
+        per_device["reference"] = ref
+    cpu = worst["host"] + (ref if ref_on_host else 0.0)
     during_rollout = cpu + sum(per_device[k] for k in ("params", "grads", "optimizer") if getattr(off, k))
     devices_per_node = min(cfg.trainer.devices_per_node, world)
-    return dict(total_params=sum(s.dense + s.experts for s in stages), per_device=per_device,
-                cpu_per_node_training=cpu * devices_per_node, cpu_per_node_rollout=during_rollout * devices_per_node,
-                dp=dp, expert_dp=expert_dp, stages=len(stages))
+    return dict(total_params=sum(s.dense + s.experts for s in stages), per_device=per_device, reference=ref,
+                reference_on_host=ref_on_host, cpu_per_node_training=cpu * devices_per_node,
+                cpu_per_node_rollout=during_rollout * devices_per_node, dp=dp, expert_dp=expert_dp,
+                stages=len(stages))
 
 
-def dry_run(cfg: Config, spec) -> tuple[list[str], str]:
-    """(problems, report). No problems = the layout fits this model (model state only; see the module docstring)."""
+def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]:
+    """(problems, report). No problems = the layout fits this model (model state only; see the module docstring).
+    ``reference``: the algorithm keeps a frozen reference policy (``estimate``)."""
     from rlcore.megatron.model import transformer_config
 
     hf, p = read_model_config(cfg), cfg.actor.parallel
@@ -183,7 +191,7 @@ def dry_run(cfg: Config, spec) -> tuple[list[str], str]:
             problems = [f"Megatron refuses this layout for {spec.name}: {e}"]
     if problems:
         return problems, ""
-    m = estimate(config, hf, cfg)
+    m = estimate(config, hf, cfg, reference)
     d = m["per_device"]
     lines = [
         f"model      {spec.name}: {m['total_params'] / 1e9:.1f}B parameters, {config.num_layers} layers"
@@ -192,8 +200,17 @@ def dry_run(cfg: Config, spec) -> tuple[list[str], str]:
         f"ep {p.ep} (expert dp {m['expert_dp']}); "
         + (f"last stage {p.last_stage_layers} layers" if p.last_stage_layers else "layers split evenly"),
         f"per device params {d['params'] / GIB:.1f} GiB + grads {d['grads'] / GIB:.1f} GiB + optimizer "
-        f"{d['optimizer'] / GIB:.1f} GiB = {sum(d.values()) / GIB:.1f} GiB (busiest stage; activations, rollout "
-        f"weights and KV cache not included)",
+        f"{d['optimizer'] / GIB:.1f} GiB"
+        + (f" + reference {d['reference'] / GIB:.1f} GiB" if "reference" in d else "")
+        + f" = {sum(d.values()) / GIB:.1f} GiB (busiest stage; activations, rollout weights and KV cache not "
+        f"included)",
+    ]
+    if reference:
+        lines.append(f"reference  {m['reference'] / GIB:.1f} GiB per device, the frozen policy of the KL term: "
+                     + ("on the host between its passes (in CPU/node below)" if m["reference_on_host"] else
+                        "kept on the device (in the total above)")
+                     + f"; actor.offload.reference={cfg.actor.offload.reference_on_host()}")
+    lines += [
         f"CPU/node   {m['cpu_per_node_training'] / GIB:.0f} GiB while training (optimizer offload fraction "
         f"{cfg.actor.optim.offload_fraction:g}), {m['cpu_per_node_rollout'] / GIB:.0f} GiB while the rollout "
         f"runs (actor.offload: params={cfg.actor.offload.params}, grads={cfg.actor.offload.grads}, "

@@ -6,7 +6,7 @@ plugin's own dataclass once plugins are loaded (``rlcore.config.loader.bind_plug
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -83,6 +83,15 @@ class OffloadConfig:
 
 
 @dataclass
+class ActorOffloadConfig(OffloadConfig):
+    reference: Optional[bool] = None   # the frozen reference policy (KL terms) on the host between its passes;
+                                  # unset = as params
+
+    def reference_on_host(self) -> bool:
+        return self.params if self.reference is None else self.reference
+
+
+@dataclass
 class TrainedModelConfig:
     """What every trained Megatron model (actor, critic) sets: batching, precision, optimizer, layout, offload."""
     micro_batch_size: int = 64    # sequences per forward/backward pass
@@ -102,6 +111,7 @@ class TrainedModelConfig:
 
 @dataclass
 class ActorConfig(TrainedModelConfig):
+    offload: ActorOffloadConfig = field(default_factory=ActorOffloadConfig)
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)

@@ -6,7 +6,7 @@ gathering the vocabulary.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
@@ -17,7 +17,7 @@ from rlcore.data import Batch
 from rlcore.engine.reshard import Resharder
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.megatron.model import build_gpt, save_hf
-from rlcore.megatron.trainable import LossFn, MegatronTrainable
+from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
 from rlcore.specs import ModelSpec, OptimizerSpec
 
@@ -31,6 +31,7 @@ class MegatronActor(MegatronTrainable):
                  sync_transport: str = "auto", total_updates: int = 0):
         super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed, total_updates)
         self.reference: torch.nn.Module | None = None
+        self._parked_reference: list[tuple[torch.Tensor, torch.Tensor]] = []   # its params' host copies, if offloaded
         self._head: OutputHead | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
 
@@ -76,11 +77,23 @@ class MegatronActor(MegatronTrainable):
         return sum(e.full_numel for b in self.resharder.buckets for e in b.entries)
 
     def freeze_reference(self) -> None:
-        """Keep a frozen copy of the current weights as the reference policy (for KL terms)."""
+        """Keep a frozen copy of the current weights as the reference policy (for KL terms); with
+        ``actor.offload.reference`` it lives on the host and comes to the device only for its passes."""
         reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
                                  self.cfg.parallel.last_stage_layers)
         reference.load_state_dict(self.model.state_dict(), strict=False)
         self.reference = reference.requires_grad_(False).eval()
+        self._parked_reference = to_host(list(reference.parameters())) if self.cfg.offload.reference_on_host() else []
+
+    @contextmanager
+    def _reference_on_device(self):
+        """The reference's parameters on the device inside, back on the host after (where it is offloaded)."""
+        to_device(self._parked_reference)
+        try:
+            yield
+        finally:   # frozen: the host copies stay current, only the device storage goes
+            for t, _ in self._parked_reference:
+                t.untyped_storage().resize_(0)
 
     # --- passes ------------------------------------------------------------------------------------------------
     def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:
@@ -89,7 +102,8 @@ class MegatronActor(MegatronTrainable):
         model = self.reference if reference else self.ddp
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
-        return self.per_token(model, batch, hook=lambda m: self._reading_tokens(m, temperature))
+        with self._reference_on_device() if reference else nullcontext():
+            return self.per_token(model, batch, hook=lambda m: self._reading_tokens(m, temperature))
 
     def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0,
                    entropy: bool = False) -> dict[str, float]:

@@ -63,6 +63,26 @@ def _padding_fraction(batch: Batch, computed: int, rows: list[list[int]]) -> flo
     return 1.0 - sum(lengths[i] for part in rows for i in part) / computed
 
 
+def to_host(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copy each tensor to host memory (pinned on CUDA, for fast copies back) and free its device storage; views of
+    it, such as a model's params in Megatron DDP's buffers, stay valid. Returns (tensor, host copy) pairs."""
+    pin = torch.cuda.is_available()
+    moved = []
+    for t in tensors:
+        host = t.detach().to("cpu", copy=True)
+        moved.append((t, host.pin_memory() if pin else host))
+        t.untyped_storage().resize_(0)
+    return moved
+
+
+@torch.no_grad()
+def to_device(moved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Undo ``to_host``: the storage is reallocated and filled from the host copy."""
+    for t, host in moved:
+        t.untyped_storage().resize_(host.numel() * host.element_size())
+        t.copy_(host, non_blocking=True)
+
+
 class MegatronTrainable:
     """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
@@ -130,21 +150,12 @@ class MegatronTrainable:
         raise ValueError(f"cannot offload {what!r}: use params, grads or optimizer")
 
     def offload(self, what: str) -> int:
-        """Copy to host memory and free the device storage (views such as the model's params stay valid).
-        Returns the bytes moved."""
-        pin = torch.cuda.is_available()
-        moved = []
-        for t in self._memory(what):
-            host = t.detach().to("cpu", copy=True)
-            moved.append((t, host.pin_memory() if pin else host))
-            t.untyped_storage().resize_(0)
-        self._offloaded[what] = moved
-        return sum(h.numel() * h.element_size() for _, h in moved)
+        """Move ``what`` to host memory (``to_host``). Returns the bytes moved."""
+        self._offloaded[what] = to_host(self._memory(what))
+        return sum(h.numel() * h.element_size() for _, h in self._offloaded[what])
 
     def onload(self, what: str) -> None:
-        for t, host in self._offloaded.pop(what, []):
-            t.untyped_storage().resize_(host.numel() * host.element_size())
-            t.copy_(host, non_blocking=True)
+        to_device(self._offloaded.pop(what, []))
 
     # --- passes ------------------------------------------------------------------------------------------------
     def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool, extras: bool = False,
