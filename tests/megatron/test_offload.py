@@ -1,5 +1,6 @@
-"""Actor offload/onload of params, grads and optimizer state: the device storage is really freed, and training
-after a round trip is bit-identical to training without one."""
+"""Actor offload/onload of params, grads and optimizer state (a bf16 model's fp32 main params included): the device
+storage is really freed, and training after a round trip is bit-identical to training without one."""
+import pytest
 import torch
 
 from rlcore.config.schema import ActorConfig
@@ -19,12 +20,14 @@ def loss(lp, mb):
     return aggregate(-lp, mb["response_mask"], "token-mean", 8.0, 4), {"loss": float(-(lp * mb["response_mask"]).sum())}
 
 
-def fresh_actor():
-    return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=4), SPECS[0], hf_state=random_hf_state(HF, 0.1))
+def fresh_actor(dtype):
+    return MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=4, dtype=dtype), SPECS[0],
+                         hf_state=random_hf_state(HF, 0.1))
 
 
-def test_offload_round_trip_frees_storage_and_changes_nothing():
-    plain, offloaded = fresh_actor(), fresh_actor()
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_offload_round_trip_frees_storage_and_changes_nothing(dtype):
+    plain, offloaded = fresh_actor(dtype), fresh_actor(dtype)
     for step in range(3):
         expected = plain.train_step(BATCH, loss)["loss"]
         if step > 0:   # optimizer state exists after the first step

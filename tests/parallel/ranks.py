@@ -1,8 +1,16 @@
 """Running a rank script under torchrun, for the multi-process tests."""
+import socket
 import subprocess
 import sys
 
 from safetensors.torch import load_file
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for torchrun's rendezvous (tests running side by side need different ones)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_ranks(script: str, directory, procs: int, port: int, out, *args) -> dict:

@@ -136,7 +136,8 @@ class MegatronTrainable:
     # --- memory hand-off ---------------------------------------------------------------------------------------
     def _memory(self, what: str) -> list[torch.Tensor]:
         """The tensors behind ``params`` / ``grads`` (Megatron DDP's contiguous buffers) or ``optimizer`` (its
-        state tensors, minus any that share storage with the buffers, such as fp32 main params)."""
+        state tensors and fp32 main params, one per storage, on the device only: not those sharing storage with the
+        buffers, such as an fp32 model's main params, nor the hybrid optimizer's host state)."""
         buffers = list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
         if what == "params":
             return [b.param_data for b in buffers if b.param_data is not None]
@@ -145,8 +146,11 @@ class MegatronTrainable:
         if what == "optimizer":
             owned = {t.untyped_storage().data_ptr() for t in self._memory("params") + self._memory("grads")}
             inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
-            return [t for o in inner for state in o.state.values() for t in state.values()
-                    if torch.is_tensor(t) and t.dim() > 0 and t.untyped_storage().data_ptr() not in owned]
+            tensors = [t for o in inner for state in o.state.values() for t in state.values()]
+            tensors += [p for o in inner for group in o.param_groups for p in group["params"]]
+            unique = {t.untyped_storage().data_ptr(): t for t in tensors if torch.is_tensor(t) and t.dim() > 0
+                      and t.device == buffers[0].grad_data.device}
+            return [t for ptr, t in unique.items() if ptr not in owned]
         raise ValueError(f"cannot offload {what!r}: use params, grads or optimizer")
 
     def offload(self, what: str) -> int:
