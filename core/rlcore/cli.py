@@ -126,12 +126,15 @@ def cmd_dataset(args) -> int:
 def cmd_export(args) -> int:
     import torch
 
+    from rlcore.errors import ConfigError
     from rlcore.export import export_checkpoint
     from rlcore.plugins import parse_selection
 
     torch.set_num_threads(1)
-    print(f"wrote {export_checkpoint(args.checkpoint, args.out, parse_selection(args.plugins))} (config.json, "
-          f"model.safetensors, tokenizer)")
+    if args.max_shard_gb <= 0:
+        raise ConfigError(f"--max-shard-gb {args.max_shard_gb:g} must be > 0 (GB per safetensors file)")
+    out = export_checkpoint(args.checkpoint, args.out, parse_selection(args.plugins), int(args.max_shard_gb * 1e9))
+    print(f"wrote {out} (config.json, safetensors, tokenizer)")
     return 0
 
 
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("checkpoint")
     export.add_argument("out")
     export.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
+    export.add_argument("--max-shard-gb", type=float, default=5.0,
+                        help="safetensors files of at most this many GB (10^9 bytes), with an index (default 5)")
     export.set_defaults(func=cmd_export)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):

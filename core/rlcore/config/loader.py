@@ -119,6 +119,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("rollout.max_response_len", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.kv_cache_gib", lambda v: v > 0, "a number > 0"),
     ("trainer.steps", lambda v: v >= 0, "an integer >= 0"),
+    ("trainer.export_max_shard_gb", lambda v: v > 0, "a number > 0 (GB per safetensors file)"),
     ("trainer.prompts_per_step", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.check_logprobs_every", lambda v: v >= 0, "an integer >= 0"),

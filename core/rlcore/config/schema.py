@@ -184,6 +184,8 @@ class TrainerConfig:
                                   # must exist; or a checkpoint directory. `rlcore run --resume <run dir>` sets it
     resume_strict: bool = True    # refuse a checkpoint of another model family, architecture or plugin set
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
+    export_max_shard_gb: float = 5.0   # its safetensors files hold at most this many GB (10^9 bytes) each, with an
+                                  # index when there are several (HF's sharded layout; transformers writes 5 GB)
 
 
 @dataclass

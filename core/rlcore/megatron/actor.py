@@ -64,7 +64,7 @@ class MegatronActor(MegatronTrainable):
         return [TensorSpec(name, shape, e.dtype) for b in self.resharder.buckets for e in b.entries
                 for name, shape in e.hf]
 
-    def save_hf(self, directory: str, max_shard_bytes: int = 5 << 30) -> None:
+    def save_hf(self, directory: str, max_shard_bytes: int = 5 * 10**9) -> None:
         """Collective; global rank 0 writes the HF checkpoint as the weights stream by, one bucket in memory."""
         if dist.get_rank() == 0:
             save_hf(self.hf_weights(), self.hf_specs(), self.hf_config, directory, max_shard_bytes)

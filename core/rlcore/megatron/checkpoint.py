@@ -126,3 +126,33 @@ def write_json(path: str, data: dict) -> None:
 def read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def read_regions(directory: str, regions: dict[str, list[tuple[tuple[int, ...], torch.Tensor]]]) -> None:
+    """Fill each tensor of ``regions`` (checkpoint key -> [(global offset, destination tensor)]) with that region of
+    the key's global tensor in ``directory`` (megatron-core's torch_dist format), reading only the stored chunks that
+    overlap it; in this process alone, with no process group. megatron-core's own load cannot read part of a
+    tensor in a world of one (it marks the rest of the tensor as this rank's too), which an export of a model larger
+    than memory needs: one layer's weights at a time."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    class Regions(DefaultLoadPlanner):
+        def create_local_plan(self) -> LoadPlan:
+            items = []
+            for key, parts in regions.items():
+                chunks = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=t.shape) for o, t in parts]
+                items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], chunks)
+            return LoadPlan(items)
+
+        def resolve_tensor(self, read_item):
+            target = regions[read_item.dest_index.fqn][read_item.dest_index.index][1]
+            for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+                target = target.narrow(dim, start, length)
+            return target
+
+    dcp_load({}, storage_reader=FileSystemReader(directory), planner=Regions(), no_dist=True)

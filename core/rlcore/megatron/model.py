@@ -5,6 +5,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from contextlib import nullcontext
 from itertools import chain
 from typing import Iterator
 
@@ -45,11 +46,13 @@ RECOMPUTE: dict[str, dict] = {
 
 def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32", *, tp: int = 1, pp: int = 1,
                        cp: int = 1, ep: int = 1, sequence_parallel: bool = False, last_stage_layers: int = 0,
-                       recompute: str = "none"):
-    """The plugin's TransformerConfig for these parallel sizes (Megatron validates them on construction)."""
+                       recompute: str = "none", cpu_initialization: bool = False):
+    """The plugin's TransformerConfig for these parallel sizes (Megatron validates them on construction).
+    ``cpu_initialization``: Megatron's layers create their weights without naming a device (so that a
+    ``torch.device("meta")`` context applies: ``build_gpt(structure_only=True)``)."""
     torch_dtype = DTYPES[dtype]
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
-                     use_cpu_initialization=False, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                     use_cpu_initialization=cpu_initialization, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                      context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
                      expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
     if last_stage_layers:
@@ -74,8 +77,10 @@ def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32")
 
 
 def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,
-              last_stage_layers: int = 0, recompute: str = "none"):
-    """The local (this rank's) GPTModel and the converter bound to it."""
+              last_stage_layers: int = 0, recompute: str = "none", structure_only: bool = False):
+    """The local (this rank's) GPTModel and the converter bound to it. ``structure_only``: every tensor on the meta
+    device, nothing allocated: the model's names, shapes and checkpoint layout (``sharded_state_dict``) at any
+    size."""
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
 
@@ -83,9 +88,11 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
                                 pp=mpu.get_pipeline_model_parallel_world_size(),
                                 cp=mpu.get_context_parallel_world_size(),
                                 ep=mpu.get_expert_model_parallel_world_size(), sequence_parallel=sequence_parallel,
-                                last_stage_layers=last_stage_layers, recompute=recompute)
-    model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
-                     post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
+                                last_stage_layers=last_stage_layers, recompute=recompute,
+                                cpu_initialization=structure_only)
+    with torch.device("meta") if structure_only else nullcontext():
+        model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
+                         post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
     for module in model.modules():   # expert layers know they are; their parameters say so only when EP > 1
         if getattr(module, "is_expert", False):
             for param in module.parameters(recurse=False):

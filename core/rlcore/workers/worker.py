@@ -238,7 +238,7 @@ class ActorRolloutWorker(Worker):
                     ep=mpu.get_expert_model_parallel_rank(), **sums)
 
     def export_hf(self, directory: str) -> None:
-        self.actor.save_hf(directory)
+        self.actor.save_hf(directory, int(self.cfg.trainer.export_max_shard_gb * 1e9))
 
     def num_parameters(self) -> int:
         return self.actor.num_parameters()
