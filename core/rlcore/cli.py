@@ -1,4 +1,5 @@
-"""`rlcore run`, `rlcore plugins`, `rlcore dataset`, `rlcore export`. User mistakes print one line and exit 2; nothing else changes."""
+"""`rlcore run`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`. User mistakes print one line and
+exit 2; nothing else changes."""
 from __future__ import annotations
 
 import argparse
@@ -138,6 +139,16 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    from rlcore.hf_to_megatron import convert
+    from rlcore.plugins import parse_selection
+
+    out = convert(args.hf_dir, args.out, args.family, args.tp, args.pp, args.ep, args.dtype,
+                  parse_selection(args.plugins))
+    print(f"wrote {out}: start runs from it with model.path={out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_third_party()
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs: a core plus plugins.")
@@ -175,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--max-shard-gb", type=float, default=5.0,
                         help="safetensors files of at most this many GB (10^9 bytes), with an index (default 5)")
     export.set_defaults(func=cmd_export)
+    conv = sub.add_parser("convert", help="an HF checkpoint written once in Megatron's distributed format, which runs "
+                          "start from (model.path=<out dir>), each rank reading its shard: rlcore convert <hf dir> "
+                          "<out dir> --tp 8 --pp 4")
+    conv.add_argument("hf_dir")
+    conv.add_argument("out")
+    for key, what in (("tp", "tensor"), ("pp", "pipeline"), ("ep", "expert")):
+        conv.add_argument(f"--{key}", type=int, default=1, help=f"{what}-parallel size of the processes that write it")
+    conv.add_argument("--dtype", default="bfloat16", help="float32 or bfloat16 (the actor's actor.dtype)")
+    conv.add_argument("--family", help="model plugin (default: the one registered for the checkpoint's architecture)")
+    conv.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
+    conv.set_defaults(func=cmd_convert)
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):
         args.options += extra                      # task options given after the flags

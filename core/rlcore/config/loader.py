@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlcore.config.schema import Config
+from rlcore.hf_to_megatron import MARKER as CONVERTED
 from rlcore.errors import ConfigError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -156,9 +157,9 @@ def check_values(cfg: Config) -> None:
             default = ("leave model.path empty to build the task's tiny model" if key == "model.path"
                        else "leave critic.model_path empty to start the critic from the actor's checkpoint")
             raise ConfigError(f"{key} {given!r} {what}: give a Hugging Face checkpoint directory, or {default}")
-        if given and not any(f.endswith(".safetensors") for f in os.listdir(path)):
-            raise ConfigError(f"{key} {given!r} has no *.safetensors weights (rlcore reads safetensors only; "
-                              f"save the model with transformers' save_pretrained)")
+        if given and not any(f.endswith(".safetensors") or f == CONVERTED for f in os.listdir(path)):
+            raise ConfigError(f"{key} {given!r} has no *.safetensors weights (rlcore reads safetensors, or what "
+                              f"`rlcore convert` wrote; save the model with transformers' save_pretrained)")
     if cfg.model.path and not any(os.path.isfile(os.path.join(os.path.expanduser(cfg.model.path), f))
                                   for f in TOKENIZER_FILES):
         raise ConfigError(f"model.path {cfg.model.path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save "

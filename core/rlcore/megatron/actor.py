@@ -6,6 +6,7 @@ gathering the vocabulary.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
@@ -16,6 +17,7 @@ from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
 from rlcore.engine.reshard import Resharder
 from rlcore.hf_checkpoint import TensorSpec
+from rlcore.hf_to_megatron import ConvertedWeights
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
@@ -27,7 +29,8 @@ class MegatronActor(MegatronTrainable):
     cfg: ActorConfig
 
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: ActorConfig, optimizer: OptimizerSpec,
-                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, bucket_bytes: int = 256 << 20,
+                 hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None = None, seed: int = 0,
+                 bucket_bytes: int = 256 << 20,
                  sync_transport: str = "auto", total_updates: int = 0):
         super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed, total_updates)
         self.reference: torch.nn.Module | None = None

@@ -24,10 +24,14 @@ LOAD_METADATA = {"distrib_optim_sharding_type": "fully_reshardable",
                  "distrib_optim_fully_reshardable_mem_efficient": True}
 
 
-def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
+def _metadata() -> dict:
     from megatron.core import parallel_state as mpu
 
-    metadata = {**LOAD_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
+    return {**LOAD_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
+
+
+def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
+    metadata = _metadata()
     model = trainable.model.sharded_state_dict(metadata=metadata)
     if not with_optimizer:
         return {"model": model}
@@ -67,23 +71,49 @@ def save_model(trainable, directory: str, pending=None) -> bool:
     return with_optimizer
 
 
+def save_weights(model, directory: str) -> None:
+    """Collective: the model's weights alone, as ``save_model`` writes them (``rlcore convert``)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    if dist.get_rank() == 0:
+        os.makedirs(directory, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save({"model": model.sharded_state_dict(metadata=_metadata())}, directory,
+                            sharded_strategy=get_default_save_sharded_strategy("torch_dist"),
+                            validate_access_integrity=True)
+
+
+def load_weights(model, directory: str) -> None:
+    """Collective: the weights ``save_model`` or ``save_weights`` wrote, into ``model`` at this process group's
+    layout (each rank reads its shard)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict(metadata=_metadata())}, directory,
+                                     sharded_strategy=get_default_load_sharded_strategy(directory),
+                                     validate_access_integrity=True)
+    model.load_state_dict(loaded["model"], strict=True)
+
+
 def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
     """Collective: the weights (and optimizer state) saved by ``save_model``, at this process group's layout."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    request = _sharded_state(trainable, True, with_optimizer)
+    if not with_optimizer:
+        load_weights(trainable.model, directory)
+        return
+    request = _sharded_state(trainable, True)
     model_request = dict(request["model"])       # the load replaces the request's entries with tensors
-    saved_keys = dist_checkpointing.load_tensors_metadata(directory).keys() if with_optimizer else ()
-    taken = without_absent_main_params(request["optimizer"], saved_keys) if with_optimizer else []
+    taken = without_absent_main_params(request["optimizer"], dist_checkpointing.load_tensors_metadata(directory).keys())
     loaded = dist_checkpointing.load(request, directory, sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     trainable.model.load_state_dict(loaded["model"], strict=True)
-    if with_optimizer:
-        fill_main_params(taken, model_request, loaded["model"])
-        # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
-        with torch.no_grad():
-            trainable.optimizer.load_state_dict(loaded["optimizer"])
+    fill_main_params(taken, model_request, loaded["model"])
+    # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
+    with torch.no_grad():
+        trainable.optimizer.load_state_dict(loaded["optimizer"])
 
 
 def _encode(tensor: torch.Tensor) -> str:

@@ -14,6 +14,7 @@ import torch
 from rlcore.convert import Layout, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_config import with_transformers_defaults
+from rlcore.hf_to_megatron import ConvertedWeights, is_converted
 from rlcore.quantization import checkpoint_quantization
 from rlcore.specs import ModelSpec
 
@@ -34,6 +35,12 @@ def read_hf_config(path: str) -> dict:
 def read_hf_weights(path: str) -> HFCheckpoint:
     """The checkpoint's weights, read lazily tensor by tensor (``rlcore.hf_checkpoint``)."""
     return HFCheckpoint(path)
+
+
+def starting_weights(path: str) -> HFCheckpoint | ConvertedWeights:
+    """What a trained model loads its shard from: a converted checkpoint's Megatron weights (``rlcore convert``), or
+    the HF files."""
+    return ConvertedWeights(path) if is_converted(path) else HFCheckpoint(path)
 
 
 # actor/critic.recompute -> megatron-core's activation recompute options. selective: the core attention's

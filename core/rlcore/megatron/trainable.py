@@ -10,6 +10,7 @@ padding (``rlcore.megatron.packing``). Each rank is given its data-parallel shar
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from rlcore.balance import split_to_count, token_budget_micro_batches
 from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch, sequence_lengths
+from rlcore.hf_to_megatron import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
@@ -88,7 +90,8 @@ class MegatronTrainable:
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
 
     def __init__(self, spec: ModelSpec, hf_config: dict, cfg: TrainedModelConfig, optimizer: OptimizerSpec,
-                 hf_state: dict[str, torch.Tensor] | None = None, seed: int = 0, total_updates: int = 0):
+                 hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None = None, seed: int = 0,
+                 total_updates: int = 0):
         """``total_updates``: optimizer updates in the run, where a decaying LR schedule ends."""
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
@@ -118,13 +121,17 @@ class MegatronTrainable:
         if cfg.max_tokens_per_micro_batch:      # pipeline stages then exchange each micro-batch's shape
             self.model.config.variable_seq_lengths = True
 
-    def build(self, hf_state: dict[str, torch.Tensor] | None):
-        """This rank's GPTModel (weights from ``hf_state`` if given) and the converter bound to it."""
+    def build(self, hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None):
+        """This rank's GPTModel (weights from ``hf_state`` if given: HF tensors, or a converted checkpoint's
+        Megatron weights) and the converter bound to it."""
+        from rlcore.megatron.checkpoint import load_weights
         from rlcore.megatron.model import build_gpt, load_hf_into
 
         model, converter = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
                                      self.cfg.parallel.last_stage_layers, self.cfg.recompute)
-        if hf_state is not None:
+        if isinstance(hf_state, ConvertedWeights):
+            load_weights(model, hf_state.directory)
+        elif hf_state is not None:
             load_hf_into(model, converter, hf_state)
         return model, converter
 

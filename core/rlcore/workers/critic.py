@@ -20,12 +20,12 @@ class CriticWorker(Worker):
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)
         from rlcore.megatron.critic import MegatronCritic
-        from rlcore.megatron.model import read_hf_config, read_hf_weights
+        from rlcore.megatron.model import read_hf_config, starting_weights
 
         reg = self.registry
         path = cfg.critic.model_path or model_path
         self.critic = MegatronCritic(reg.get("models", cfg.model.family), read_hf_config(path), cfg.critic,
-                                     reg.get("optimizers", cfg.critic.optim.name), hf_state=read_hf_weights(path),
+                                     reg.get("optimizers", cfg.critic.optim.name), hf_state=starting_weights(path),
                                      seed=cfg.run.seed, total_updates=total_updates(cfg.trainer.steps, cfg.critic))
         self.trainable = self.critic
         self.offloaded = [what for what in OFFLOAD_ORDER if getattr(cfg.critic.offload, what)]

@@ -127,29 +127,31 @@ class ActorRolloutWorker(Worker):
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)
         from rlcore.hf_checkpoint import weightless_copy
+        from rlcore.hf_to_megatron import is_converted
         from rlcore.megatron.actor import MegatronActor
-        from rlcore.megatron.model import read_hf_config, read_hf_weights
+        from rlcore.megatron.model import read_hf_config, starting_weights
         from rlcore.quantization import checkpoint_quantization
 
         reg = self.registry
         hf_config = read_hf_config(model_path)
         self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
-                                   reg.get("optimizers", cfg.actor.optim.name), hf_state=read_hf_weights(model_path),
+                                   reg.get("optimizers", cfg.actor.optim.name), hf_state=starting_weights(model_path),
                                    seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)),
                                    sync_transport=cfg.rollout.sync_transport,
                                    total_updates=total_updates(cfg.trainer.steps, cfg.actor))
         self.trainable = self.actor
         if self.algorithm.needs_reference(self.algo_cfg):    # the starting weights, also when a run resumes
             self.actor.freeze_reference()
-        # a checkpoint whose files are not the model the actor loaded (block FP8, dequantized on load): the engine
-        # starts from its config without weights and gets the actor's at the first push
-        quantized = checkpoint_quantization(hf_config) is not None
-        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if quantized else None
+        # an engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load;
+        # a converted checkpoint's Megatron weights): it starts from the config without weights, and the first push
+        # gives it the actor's
+        weightless = is_converted(model_path) or checkpoint_quantization(hf_config) is not None
+        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if weightless else None
         self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
             weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=world_size > 1,
-            **({"load_weights": False} if quantized else {}))
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not quantized, offload=cfg.actor.offload)
+            **({"load_weights": False} if weightless else {}))
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
         self.coords = parallel_coords(rank, cfg.rollout.tp, world_size)
 
     # --- rollout -------------------------------------------------------------------------------------------------
