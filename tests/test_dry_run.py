@@ -82,6 +82,27 @@ def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrid
         cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), load_plugins(["qwen3", "grpo", "ppo"]))
 
 
+def test_dry_run_refuses_a_quantization_the_run_cannot_load(tmp_path):
+    """A published DeepSeek-V3 config with its block FP8 quantization plans; the same model in GPTQ is refused."""
+    import json
+
+    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.errors import ConfigError
+    from rlcore.testing import published_config
+
+    fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    plugins = load_plugins(["deepseek", "grpo", "vllm"])
+    for quantization in (fp8, {"quant_method": "gptq", "bits": 4}):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**published_config("deepseek-v3"), "quantization_config": quantization}))
+        cfg = load_config("deepseek-v3-671b-128gpu", [f"model.hf_config={path}"])
+        if quantization is fp8:
+            assert cli_dry_run(cfg, plugins) == 0
+        else:
+            with pytest.raises(ConfigError, match="quant_method 'gptq'"):
+                cli_dry_run(cfg, plugins)
+
+
 def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu"],
                         capture_output=True, text=True, timeout=120)

@@ -35,8 +35,14 @@ def read_model_config(cfg: Config) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"model config {path!r} does not exist (from model.path / model.hf_config)")
     from rlcore.megatron.model import read_hf_config
+    from rlcore.quantization import checkpoint_quantization
 
-    return read_hf_config(path)
+    hf = read_hf_config(path)
+    try:               # the run would refuse it: so does the dry run
+        checkpoint_quantization(hf)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    return hf
 
 
 def layer_problems(num_layers: int, pp: int, last_stage_layers: int) -> list[str]:
