@@ -14,7 +14,7 @@ converts afterwards. ``tp_dim`` is the dimension Megatron splits (None: replicat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterable, Iterator, Protocol
+from typing import ClassVar, Iterable, Iterator, Mapping, Protocol
 
 import torch
 
@@ -37,7 +37,7 @@ class WeightRule(Protocol):
     def tp_dim(self) -> int | None: ...
     def hf_names(self) -> list[str]: ...
     def to_hf(self, shards: list[torch.Tensor], layout: Layout) -> list[tuple[str, torch.Tensor]]: ...
-    def from_hf(self, hf: dict[str, torch.Tensor], layout: Layout, tp_rank: int, tp_size: int,
+    def from_hf(self, hf: Mapping[str, torch.Tensor], layout: Layout, tp_rank: int, tp_size: int,
                 padded_shape: torch.Size) -> torch.Tensor: ...
     def shard_to_hf(self, shard: torch.Tensor, hf: list[torch.Tensor], tp_rank: int, tp_size: int,
                     layout: Layout) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
@@ -175,7 +175,7 @@ class WeightConverter:
     def hf_names(self) -> list[str]:
         return [n for r in self.by_megatron.values() for n in r.hf_names()]
 
-    def megatron_from_hf(self, hf: dict[str, torch.Tensor], local_params: Iterable[tuple[str, torch.Tensor]],
+    def megatron_from_hf(self, hf: Mapping[str, torch.Tensor], local_params: Iterable[tuple[str, torch.Tensor]],
                          tp_rank: int = 0, tp_size: int = 1) -> Iterator[tuple[str, torch.Tensor]]:
         """This rank's Megatron tensors from full HF tensors, for the given local parameter names and shapes."""
         for name, param in local_params:

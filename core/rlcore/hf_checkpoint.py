@@ -71,7 +71,7 @@ def read_header(file: str) -> dict[str, StoredTensor]:
 def read_tensor(stored: StoredTensor) -> torch.Tensor:
     """The tensor's bytes, read into fresh memory of exactly its size."""
     data = torch.empty(stored.end - stored.start, dtype=torch.uint8)
-    view = memoryview(data.numpy())
+    view = data.numpy().data
     with open(stored.file, "rb", buffering=0) as f:
         f.seek(stored.start)
         done = 0
@@ -264,16 +264,16 @@ def write_sharded(directory: str, specs: list[TensorSpec], tensors: Iterable[tup
                 if got != spec.name or tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                     raise ValueError(f"the weight stream gave {got} {tuple(tensor.shape)} {tensor.dtype} where the "
                                      f"plan has {spec.name} {spec.shape} {spec.dtype}")
-                f.write(memoryview(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+                f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
         os.replace(partial, os.path.join(directory, name))
     if next(stream, None) is not None:
         raise ValueError("the weight stream holds more tensors than its plan")
-    stale = [f for f in os.listdir(directory) if (f.endswith(".safetensors") or f == INDEX) and f not in names]
-    for f in stale:                          # a previous export's files would mix into this one
-        os.remove(os.path.join(directory, f))
+    for stale in os.listdir(directory):      # a previous export's files would mix into this one
+        if (stale.endswith(".safetensors") or stale == INDEX) and stale not in names:
+            os.remove(os.path.join(directory, stale))
     if len(shards) > 1:
         weight_map = {s.name: name for shard, name in zip(shards, names) for s in shard}
-        with open(os.path.join(directory, INDEX), "w") as f:
-            json.dump({"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}, f,
+        with open(os.path.join(directory, INDEX), "w") as index:
+            json.dump({"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": weight_map}, index,
                       indent=2)
     return names

@@ -167,16 +167,19 @@ def read_regions(directory: str, regions: dict[str, list[tuple[tuple[int, ...], 
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
     from torch.distributed.checkpoint.planner import LoadPlan
     from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
     class Regions(DefaultLoadPlanner):
         def create_local_plan(self) -> LoadPlan:
+            assert self.metadata is not None, "the checkpoint's metadata is read before the plan"
             items = []
             for key, parts in regions.items():
                 chunks = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=t.shape) for o, t in parts]
-                items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], chunks)
+                stored = self.metadata.state_dict_metadata[key]
+                assert isinstance(stored, TensorStorageMetadata), f"{key} is not a tensor in {directory}"
+                items += create_read_items_for_chunk_list(key, stored, chunks)
             return LoadPlan(items)
 
         def resolve_tensor(self, read_item):

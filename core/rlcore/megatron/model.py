@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from itertools import chain
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -17,6 +17,9 @@ from rlcore.hf_config import with_transformers_defaults
 from rlcore.hf_to_megatron import ConvertedWeights, is_converted
 from rlcore.quantization import checkpoint_quantization
 from rlcore.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +114,7 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
     return model, converter
 
 
-def load_hf_into(model: torch.nn.Module, converter: WeightConverter, hf_state: Mapping[str, torch.Tensor]) -> None:
+def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[str, torch.Tensor]) -> None:
     """Copy this rank's shard of every weight from ``hf_state`` into ``model``, one tensor at a time: from an
     ``HFCheckpoint``, only the tensors this rank's rules ask for are read, and none is kept once copied."""
     from megatron.core import parallel_state as mpu
