@@ -36,6 +36,26 @@ class Batch:
         """Consecutive pieces of at most ``size`` samples."""
         return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
 
+    def __reduce__(self):
+        """Pickled as raw numpy bytes: Ray writes numpy buffers into its object store out of band and reads them back
+        in place, where torch tensors would go through ``torch.save`` and several copies each way."""
+        return _unpickle_batch, ({k: _raw(v) for k, v in self.tensors.items()}, self.meta)
+
+
+def _raw(t: torch.Tensor) -> tuple:
+    """A tensor's bytes as a flat uint8 array (every dtype, bfloat16 too), its dtype and shape."""
+    t = t.detach().contiguous()
+    return t.view(-1).view(torch.uint8).numpy(), t.dtype, tuple(t.shape)
+
+
+def _unpickle_batch(raw: dict[str, tuple], meta: list[dict]) -> Batch:
+    """A read-only array is the object store's shared memory, read by every rank of a data-parallel share: copied
+    once, so that each rank owns tensors it may write. Plain pickle gives writable arrays, kept as they are."""
+    def tensor(data, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        return torch.from_numpy(data if data.flags.writeable else data.copy()).view(dtype).view(shape)
+
+    return Batch({k: tensor(*r) for k, r in raw.items()}, meta)
+
 
 def sequence_lengths(batch: Batch) -> torch.Tensor:
     """Each row's tokens (prompt and response); the full width where rows do not say."""

@@ -101,14 +101,28 @@ class WorkerGroup:
         return ray.get([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)])
 
     def _by_dp(self, batch: Batch, parts: list[list[int]]) -> list[tuple]:
-        """Each worker's arguments: its data-parallel share of ``batch`` (``parts``: ``dp_parts``)."""
-        shares = [batch.select(r) for r in parts]
+        """Each worker's arguments: its data-parallel share of ``batch`` (``parts``: ``dp_parts``). Ray workers get
+        each share put into the object store once, as a reference its ranks (TP, CP, PP peers) all read: Ray would
+        serialise an argument passed by value again for every rank."""
+        shares: list = [batch.select(r) for r in parts]
+        if self.remote:
+            import ray
+
+            shares = [ray.put(s) for s in shares]
         return [(shares[c.dp_rank],) for c in self.coords]
 
     def _reported(self, results: list) -> list:
         """One result per data-parallel rank, in dp order."""
         by_dp = {c.dp_rank: r for c, r in zip(self.coords, results) if c.reports}
         return [by_dp[i] for i in range(self.dp_size)]
+
+    def _per_share(self, method: str, per_rank: list[tuple]) -> list:
+        """``method`` on every rank; the results of the ranks that report, one per data-parallel share in dp order.
+        Ray workers send back only those (``Worker.answer``)."""
+        if not self.remote:
+            return self._reported(self.call(method, per_rank=per_rank))
+        results = self.call("answer", per_rank=[(method, c.reports, *a) for c, a in zip(self.coords, per_rank)])
+        return [r["answer"] if isinstance(r, Batch) else r for r in self._reported(results)]
 
     # --- what the controller uses ----------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int,
@@ -126,7 +140,7 @@ class WorkerGroup:
         """A forward pass that returns a per-token tensor [N, S] (``logprobs``, ``values``), split by dp rank."""
         parts = dp_parts(batch, self.dp_size)
         shares = self._by_dp(batch, parts)
-        return in_batch_order(parts, self._reported(self.call(method, per_rank=[a + args for a in shares])))
+        return in_batch_order(parts, self._per_share(method, [a + args for a in shares]))
 
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         return self.per_token("logprobs", batch, reference)
@@ -138,7 +152,7 @@ class WorkerGroup:
         """One update on a mini-batch; each rank's loss is normalised by the mini-batch's totals."""
         tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
         shares = self._by_dp(mini, dp_parts(mini, self.dp_size))
-        reported = self._reported(self.call("train_step", per_rank=[a + (tokens, seqs, *args) for a in shares]))
+        reported = self._per_share("train_step", [a + (tokens, seqs, *args) for a in shares])
         return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
 
     def rollout_mode(self):

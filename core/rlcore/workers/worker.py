@@ -105,6 +105,15 @@ class Worker:
         self.pending_saves.maybe_finalize_async_calls(blocking=blocking)
         return self.pending_saves.get_num_unfinalized_calls() == 0
 
+    def answer(self, method: str, reports: bool, *args):
+        """``method``'s result where this rank ``reports`` for its data-parallel share, else None: its TP, CP and PP
+        peers compute the same result, which need not travel back. A tensor travels in a ``Batch``, whose bytes
+        go through Ray's object store without ``torch.save``'s copies (``WorkerGroup`` unwraps it)."""
+        result = getattr(self, method)(*args)
+        if not reports:
+            return None
+        return Batch({"answer": result}) if isinstance(result, torch.Tensor) else result
+
     def checkpoint_extras(self) -> dict:
         """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
         return {}
