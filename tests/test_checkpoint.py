@@ -128,7 +128,7 @@ def test_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, warm
 def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_path, uninterrupted):
     """The TP2 x PP2 run's last checkpoint, exported in one process with no model built (read from the distributed
     checkpoint a bucket at a time) and no engine, in 1 MB files, equals the HF export the run wrote from its live
-    actor at the end in 1 MB files, tensor for tensor; transformers loads it with the tokenizer."""
+    actor at the end in 1 MB files, tensor for tensor; transformers loads it with the tokenizer, and vLLM serves it."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,9 +147,21 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
     assert sorted(exported) == sorted(live)
     assert all(torch.equal(exported[name], live[name]) for name in live)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
-    ids = torch.tensor([tokenizer.encode("37+45=")])
+    ids = torch.tensor([tokenizer.encode("37+45=82")])
     reference = AutoModelForCausalLM.from_pretrained(run_dir / "hf")
-    assert torch.equal(model(ids).logits, reference(ids).logits)
+    logits = model(ids).logits
+    assert torch.equal(logits, reference(ids).logits)
+    # vLLM serves the exported files: its teacher-forced logprobs equal transformers'
+    from rlcore.testing_rollout import RegisteredBackend, SubprocessBackend
+
+    engine = SubprocessBackend(RegisteredBackend("vllm", max_model_len=model.config.max_position_embeddings), str(out))
+    try:
+        served = torch.tensor(engine.score([ids[0].tolist()], [1])[0])
+    finally:
+        engine.stop()
+        engine.close()
+    expected = torch.log_softmax(logits[0, :-1].double(), -1).gather(1, ids[0, 1:, None])[:, 0]
+    assert (served - expected).abs().max() < 1e-4, (served, expected)
 
 
 def test_which_checkpoint_a_run_resumes_from(tmp_path):

@@ -78,7 +78,7 @@ def test_fp8_checkpoint_loads_as_the_model_it_encodes(fp8, tmp_path, caplog):
 
     family, path, plain = fp8
     init_parallel(seed=0)
-    with caplog.at_level(logging.INFO, logger="rlcore.megatron.model"):
+    with caplog.at_level(logging.INFO, logger="rlcore.load"):
         model, converter = build_megatron(_spec(family), path)
     reference = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
     diff = assert_logits_match(model, reference, vocab_size=48)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import warnings
@@ -202,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         args.options += extra                      # task options given after the flags
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from rlcore import logs
+
+    logs.configure()
 
     from rlcore.errors import RlcoreError
 

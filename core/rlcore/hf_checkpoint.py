@@ -31,7 +31,7 @@ import torch
 
 from rlcore.quantization import SCALE_SUFFIX, checkpoint_quantization
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("rlcore.load")     # shown at INFO by `rlcore run` and its workers: loading is slow at scale
 
 INDEX = "model.safetensors.index.json"
 DTYPES: dict[str, torch.dtype] = {
@@ -120,6 +120,7 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         self._names = [n for n in self._file_of if not (self.quantization and n.endswith(SCALE_SUFFIX))]
         self._headers: dict[str, dict[str, StoredTensor]] = {}
         self.stats = ReadStats()
+        self.progress = False           # log each file as reading it starts (one rank of a group says it)
 
     def stored(self, name: str) -> StoredTensor:
         file = self._file_of[name]
@@ -151,7 +152,9 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
     def _count(self, stored: StoredTensor) -> None:
         if stored.file not in self.stats.files:
             self.stats.files.add(stored.file)
-            log.debug("reading %s (file %d of %d)", stored.file, len(self.stats.files), len(self.files))
+            if self.progress:
+                log.info("loading %s: file %d of %d, %.2f GB read in %.1f s", os.path.basename(stored.file),
+                         len(self.stats.files), len(self.files), self.stats.bytes / 1e9, self.stats.seconds)
         self.stats.tensors += 1
         self.stats.bytes += stored.end - stored.start
 

@@ -74,6 +74,7 @@ class RegisteredBackend:
     name: str
     plugin: str = ""
     kv_cache_gib: float = 0.01
+    max_model_len: int = MAX_MODEL_LEN
 
     def __call__(self, model_path: str) -> RolloutBackend:
         from rlcore.config.schema import RolloutConfig
@@ -81,7 +82,7 @@ class RegisteredBackend:
 
         spec = load_plugins([self.plugin or self.name]).registry.get("rollout_backends", self.name)
         cfg = RolloutConfig(backend=self.name, kv_cache_gib=self.kv_cache_gib, tp=1)
-        return spec.factory(model_path, cfg, seed=0, max_model_len=MAX_MODEL_LEN, distributed=False)
+        return spec.factory(model_path, cfg, seed=0, max_model_len=self.max_model_len, distributed=False)
 
 
 # --------------------------------------------------------------------------------------------------------------------

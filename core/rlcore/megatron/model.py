@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -10,9 +9,11 @@ from itertools import chain
 from typing import TYPE_CHECKING, Iterator
 
 import torch
+import torch.distributed as dist
 
 from rlcore.convert import Layout, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
+from rlcore.hf_checkpoint import log as load_log
 from rlcore.hf_config import with_transformers_defaults
 from rlcore.hf_to_megatron import ConvertedWeights, is_converted
 from rlcore.quantization import checkpoint_quantization
@@ -21,7 +22,6 @@ from rlcore.specs import ModelSpec
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
-log = logging.getLogger(__name__)
 
 # Fused kernels that need CUDA / TransformerEngine / Apex; off unless running on CUDA.
 _CPU_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -62,8 +62,8 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
     ``torch.device("meta")`` context applies: ``build_gpt(structure_only=True)``)."""
     torch_dtype = DTYPES[dtype]
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
-                     use_cpu_initialization=cpu_initialization, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                     context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
+                     use_cpu_initialization=cpu_initialization, tensor_model_parallel_size=tp,
+                     pipeline_model_parallel_size=pp, context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
                      expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
     if last_stage_layers:
         overrides["num_layers_in_last_pipeline_stage"] = last_stage_layers
@@ -127,6 +127,9 @@ def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[
     tensors = chain(converter.megatron_from_hf(hf_state, dense.items(), mpu.get_tensor_model_parallel_rank(),
                                                mpu.get_tensor_model_parallel_world_size()),
                     converter.megatron_from_hf(hf_state, experts.items()))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if isinstance(hf_state, HFCheckpoint):
+        hf_state.progress = rank == 0
     with torch.no_grad():
         for name, value in tensors:
             if value.shape != params[name].shape:
@@ -134,29 +137,26 @@ def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[
                                  f"{tuple(params[name].shape)}: the checkpoint does not match its config.json")
             params[name].copy_(value)
     if isinstance(hf_state, HFCheckpoint):
-        _log_load(hf_state, converter, model.config.num_layers)
+        _log_load(hf_state, converter, model.config.num_layers, rank)
 
 
-def _log_load(checkpoint: HFCheckpoint, converter: WeightConverter, num_layers: int) -> None:
+def _log_load(checkpoint: HFCheckpoint, converter: WeightConverter, num_layers: int, rank: int) -> None:
     """What this rank read; and, once, what no rule reads (MTP layers, stray tensors): skipped, never loaded into
     another layer."""
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    log.info("rank %d: %s", rank, checkpoint.summary())
+    load_log.info("rank %d: %s", rank, checkpoint.summary())
     if rank:
         return
     extra_layers, other = unused_names(checkpoint, set(converter.hf_names()), num_layers)
     if extra_layers:
-        log.warning("%s: skipped decoder layer(s) %s beyond the model's %d (multi-token prediction: not trained, "
-                    "not exported)", checkpoint.path, ", ".join(map(str, extra_layers)), num_layers)
+        load_log.info("%s: skipped decoder layer(s) %s beyond the model's %d (multi-token prediction: not "
+                      "trained, not exported)", checkpoint.path, ", ".join(map(str, extra_layers)), num_layers)
     if other:
-        log.warning("%s: %d tensor(s) no weight rule reads were not loaded, e.g. %s", checkpoint.path, len(other),
-                    ", ".join(other[:3]))
+        load_log.warning("%s: %d tensor(s) no weight rule reads were not loaded, e.g. %s", checkpoint.path,
+                         len(other), ", ".join(other[:3]))
 
 
 def save_hf(hf_weights: Iterator[tuple[str, torch.Tensor]], specs: list[TensorSpec], hf_config: dict,
-            directory: str, max_shard_bytes: int = 5 << 30) -> None:
+            directory: str, max_shard_bytes: int = 5 * 10**9) -> None:
     """Write config.json and the weights (tensors only; no pickled code) as HF's sharded safetensors, streamed:
     ``specs`` names the stream's tensors in order. The weights written are not quantized, so config.json loses any
     ``quantization_config``."""

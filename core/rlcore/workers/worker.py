@@ -52,6 +52,9 @@ def join_world(rank: int, world_size: int, master: tuple[str, int] | None) -> No
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    from rlcore import logs
+
+    logs.configure()
 
 
 def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coords:
