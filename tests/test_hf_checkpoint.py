@@ -171,3 +171,21 @@ def test_unused_names_tell_mtp_layers_from_stray_tensors():
              "lm_head.weight", "rotary.inv_freq"]
     layers, other = unused_names(names, {"model.layers.0.a", "model.layers.1.a", "lm_head.weight"}, num_layers=2)
     assert layers == [2] and other == ["rotary.inv_freq"]
+
+
+def test_progress_names_each_file_of_a_large_checkpoint(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import rlcore.hf_checkpoint as hf_checkpoint
+
+    specs = [TensorSpec(f"t{i}", (64,), torch.float32) for i in range(4)]
+    write_sharded(str(tmp_path), specs, ((s.name, torch.zeros(64)) for s in specs), max_shard_bytes=512)
+    _write_config(tmp_path)
+    ckpt = HFCheckpoint(str(tmp_path))
+    ckpt.progress = True
+    with caplog.at_level(logging.INFO, logger="rlcore.load"):
+        ckpt["t0"]
+        monkeypatch.setattr(hf_checkpoint, "PROGRESS_BYTES", 1)        # a "large" checkpoint from here on
+        ckpt["t1"], ckpt["t3"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "loading model-00002-of-00002.safetensors"], "tiny checkpoints stay quiet; large ones name each file"

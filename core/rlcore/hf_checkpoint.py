@@ -40,6 +40,7 @@ DTYPES: dict[str, torch.dtype] = {
     "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+PROGRESS_BYTES = 1 << 30        # checkpoints from this size on log each file as its reading starts
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
         self._names = [n for n in self._file_of if not (self.quantization and n.endswith(SCALE_SUFFIX))]
         self._headers: dict[str, dict[str, StoredTensor]] = {}
         self.stats = ReadStats()
+        self.bytes = sum(os.path.getsize(os.path.join(self.path, f)) for f in self.files)
         self.progress = False           # log each file as reading it starts (one rank of a group says it)
 
     def stored(self, name: str) -> StoredTensor:
@@ -152,9 +154,10 @@ class HFCheckpoint(Mapping[str, torch.Tensor]):
     def _count(self, stored: StoredTensor) -> None:
         if stored.file not in self.stats.files:
             self.stats.files.add(stored.file)
-            if self.progress:
-                log.info("loading %s: file %d of %d, %.2f GB read in %.1f s", os.path.basename(stored.file),
-                         len(self.stats.files), len(self.files), self.stats.bytes / 1e9, self.stats.seconds)
+            if self.progress and self.bytes >= PROGRESS_BYTES:
+                log.info("loading %s: file %d of %d (%.1f GB), %.2f GB read in %.1f s", os.path.basename(stored.file),
+                         len(self.stats.files), len(self.files), self.bytes / 1e9, self.stats.bytes / 1e9,
+                         self.stats.seconds)
         self.stats.tensors += 1
         self.stats.bytes += stored.end - stored.start
 
