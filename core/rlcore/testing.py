@@ -53,8 +53,8 @@ def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int 
 
 
 def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
-    """transformers builds a random model from ``hf_config`` (norms and routers randomised) and saves it; then
-    config.json is rewritten exactly as given, so that keys it leaves out stay out, as in a published checkpoint.
+    """transformers builds a random model from ``hf_config`` (norms and routers randomised) and saves it (in files
+    of 100 KB with an index); then config.json is rewritten exactly as given, so that keys it leaves out stay out, as in a published checkpoint.
     Returns the transformers model (eval)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -70,7 +70,7 @@ def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
         for name, b in model.named_buffers():
             if "bias" in name:      # e.g. DeepSeek-V3's expert-score correction bias
                 b.copy_(torch.randn_like(b) * 0.1)
-    model.save_pretrained(path)
+    model.save_pretrained(path, max_shard_size="100KB")    # several files with an index, as published checkpoints
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=1)
     return model.eval()
@@ -286,7 +286,7 @@ def keys_read(spec: ModelSpec, hf_config: dict) -> set[str]:
 
     recording = _Recording(with_transformers_defaults(hf_config))
     check_model_config(spec, recording)
-    return recording.read
+    return recording.read - {"quantization_config"}    # the checkpoint format's, read by rlcore's loader
 
 
 def sweep_tests(sweeps: dict[str, tuple[ModelSpec, dict, list[tuple[dict, str | None]]]], not_varied: set[str]):

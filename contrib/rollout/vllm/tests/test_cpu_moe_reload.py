@@ -15,10 +15,10 @@ SCRIPT = textwrap.dedent("""
     import json, os, sys
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     import rlcore_rollout_vllm.cpu_moe_reload as fix
     from rlcore.config import load_config
+    from rlcore.megatron.model import read_hf_weights
     from rlcore_rollout_vllm.backend import VLLMRollout
     path, fixed = sys.argv[1], sys.argv[2] == "fixed"
     if not fixed:
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
             if ".experts." in n:
                 p.mul_(1.01)
     scaled_reference = logprobs(hf)
-    on_disk = load_file(f"{path}/model.safetensors")
+    on_disk = dict(read_hf_weights(path))
     engine = VLLMRollout(path, load_config("quickstart", []).rollout, max_model_len=32)
     diffs = {}
     try:
