@@ -1,4 +1,6 @@
 """Plugin discovery and selection through real entry points (distributions installed into a temp site dir)."""
+import os
+import subprocess
 import sys
 
 import pytest
@@ -69,3 +71,35 @@ def test_plugin_that_fails_to_import_is_reported_with_its_distribution(site):
         load_plugins(["broken"])
     msg = str(e.value)
     assert "rlcore-broken 9.9" in msg and "no_such_module_xyz" in msg and "ModuleNotFoundError" in msg
+
+
+TYPO_PLUGIN = ("from rlcore.hookspecs import hookimpl\n"
+               "@hookimpl\ndef rlcore_register_modls():\n    return []\n"
+               "@hookimpl(optionalhook=True)\ndef rlcore_some_future_hook():\n    pass\n")
+TYPO_LINE = ("plugin typo (rlcore-typo 9.9): hookimpl 'rlcore_register_modls' matches no rlcore hook "
+             "(did you mean 'rlcore_models'?). Rename it in fake_rlcore_typo")
+
+
+def test_misspelled_hookimpl_fails_loading_naming_plugin_and_name(site):
+    _install_fake_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
+    with pytest.raises(PluginError) as e:
+        load_plugins(["grpo", "typo"])
+    assert str(e.value) == TYPO_LINE          # the optional hook is not named: pluggy lets it wait for its spec
+
+
+def test_optional_hookimpl_without_a_spec_loads(site):
+    _install_fake_distribution(site, "rlcore-later", "fake_rlcore_later",
+                               "from rlcore.hookspecs import hookimpl\n"
+                               "@hookimpl(optionalhook=True)\ndef rlcore_some_future_hook():\n    pass\n", entry="later")
+    assert "later" in {p.name for p in load_plugins(["grpo", "later"]).plugins}
+
+
+@pytest.mark.parametrize("command", [["plugins", "--plugins=grpo,typo"],
+                                     ["run", "--plugins=qwen3,grpo,vllm,typo", "--dry-run"]])
+def test_misspelled_hookimpl_through_the_cli_is_one_line(site, command):
+    _install_fake_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", *command], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [f"rlcore: error: {TYPO_LINE}"], result.stderr[-2000:]

@@ -1,6 +1,7 @@
 """Plugin manager: entry-point discovery (group ``rlcore``), ``--plugins`` selection, registry construction."""
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 from dataclasses import dataclass
@@ -74,6 +75,26 @@ def parse_selection(text: str | None) -> list[str] | None:
     return names
 
 
+def _check_hook_names(pm: pluggy.PluginManager) -> None:
+    """pluggy keeps a hookimpl that matches no hookspec as a hook nobody calls, so a misspelled name would silently
+    do nothing; ``check_pending`` finds it, and this names the plugin, the hookimpl and the hook it probably meant."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        known = sorted(n for n, caller in vars(pm.hook).items() if not n.startswith("_") and caller.has_spec())
+        unknown = [caller.name for caller in pm.get_hookcallers(e.plugin) or []
+                   if not caller.has_spec() and any(i.plugin is e.plugin and not i.optionalhook
+                                                    for i in caller.get_hookimpls())]
+        raise PluginError(f"plugin {pm.get_name(e.plugin)}: " + "; ".join(
+            f"hookimpl {name!r} matches no rlcore hook ({_did_you_mean(name, known)})" for name in unknown)
+            + f". Rename it in {getattr(e.plugin, '__name__', e.plugin)}") from e
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}?" if close else f"rlcore's hooks: {', '.join(known)}"
+
+
 def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
     """Load the built-ins plus the selected entry points (all installed ones when ``selected`` is None)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -96,6 +117,7 @@ def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
         info = _info(name, ep)
         pm.register(_import(name, ep), name=info.label)
         infos.append(info)
+    _check_hook_names(pm)
 
     registry = Registry()
     for kind, hook_name in KINDS.items():
