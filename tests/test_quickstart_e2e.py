@@ -29,6 +29,7 @@ def test_run_directory_has_metrics_plot_and_provenance(quickstart):
     provenance = json.load(open(os.path.join(run_dir, "run.json")))
     assert {p["name"] for p in provenance["plugins"]} == {"builtin", "qwen3", "grpo", "vllm"}
     assert provenance["config"]["rollout"]["n"] == quickstart.cfg.rollout.n
+    assert {"name": "cuda_tensor_type_strings", "megatron_core": "0.16.1"} in provenance["shims"]   # a CPU-only one
 
 
 def test_engine_and_actor_agreed_on_every_rollout(quickstart):

@@ -73,6 +73,7 @@ class Trainer:
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
+        from rlcore.megatron import patches
         from rlcore.megatron.model import check_model_config, read_hf_config
         from rlcore.workers.group import WorkerGroup
 
@@ -81,7 +82,8 @@ class Trainer:
         os.makedirs(self.run_dir, exist_ok=True)
         self.resume_from = resolve_resume(self.run_dir, cfg.trainer.resume)   # refused here, before workers start
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
-            json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe()}, f, indent=2, default=str)
+            json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe(), "shims": patches.describe()}, f,
+                      indent=2, default=str)
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
         self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
                                          cfg.trainer.checkpoint_async)

@@ -1,9 +1,10 @@
-"""Every shim is still needed: without it, building and training a tiny model fails in the smallest case that uses
-it (dense, MoE, DeepSeek-V3's multi-latent attention, a checkpoint saved asynchronously while training goes on and
-loaded into a fresh optimizer, the hybrid CPU/GPU optimizer against the plain one and through a checkpoint; over 2
-processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all of them, every
-case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs
-in fresh processes because the shims patch megatron-core process-wide."""
+"""Every megatron-core shim (rlcore.megatron.patches) is still needed: without it, building and training a tiny model
+fails in the smallest case that uses it, the one its registry entry names (dense, MoE, DeepSeek-V3's multi-latent
+attention, a checkpoint saved asynchronously while training goes on and loaded into a fresh optimizer, a crafted
+checkpoint that would run code when loaded, the hybrid CPU/GPU optimizer against the plain one and through a
+checkpoint; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all
+of them, every case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs in fresh
+processes because the shims patch megatron-core process-wide."""
 import os
 import subprocess
 import sys
@@ -11,17 +12,15 @@ import textwrap
 
 import pytest
 
-from rlcore.megatron import compat, cpu
+from rlcore.megatron import patches
+from rlcore.megatron.patches import registry
 
 SCRIPT = textwrap.dedent("""
-    import sys, torch
-    from rlcore.megatron import compat, cpu
+    import os, sys, torch
+    from rlcore.megatron import patches
     case, skip = sys.argv[1], sys.argv[2:]
     for name in skip:
-        if name in cpu.SHIMS:
-            cpu.SHIMS.pop(name)
-        else:
-            setattr(compat, name, lambda: None)
+        patches.SHIMS.pop(name)
     from rlcore.config.schema import ActorConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
@@ -69,20 +68,24 @@ SCRIPT = textwrap.dedent("""
             name="hybrid_adam", offload_fraction=0.5)), hybrid_adam, seed=1)
         load_model(fresh, sys.argv[0] + ".ckpt")
         assert train(fresh, 2) == expected
+    if case == "crafted-checkpoint":   # a checkpoint whose metadata pickle calls a function: refused, never called
+        import pickle
+        from rlcore.megatron.checkpoint import load_model, save_model
+        class RunsCode:
+            def __reduce__(self):
+                return (open, (sys.argv[0] + ".ran", "w"))
+        save_model(actor, sys.argv[0] + ".ckpt")
+        with open(sys.argv[0] + ".ckpt/.metadata", "wb") as f:
+            pickle.dump(RunsCode(), f)
+        try:
+            load_model(actor, sys.argv[0] + ".ckpt", with_optimizer=False)
+        except BaseException as e:       # torch.distributed.checkpoint raises a BaseException
+            print("refused:", type(e).__name__)
+        assert not os.path.exists(sys.argv[0] + ".ran"), "loading the checkpoint ran its code"
     print("TRAINED", losses)
 """)
 
-CASES = {name: case for name, case in cpu.NEEDED_BY.items()}
-CASES[compat.define_te_general_gemm_without_transformer_engine.__name__] = "moe"
-CASES[compat.sequence_parallel_torch_norms.__name__] = "tp2-sp"
-CASES[compat.multi_latent_attention_without_transformer_engine.__name__] = "mla"
-for fix in (compat.checkpoint_writes_without_a_spawned_manager,
-            compat.optimizer_state_dict_before_the_first_step, compat.adam_step_not_copied_from_loaded_state,
-            compat.adam_step_tensor_per_parameter_after_load):
-    CASES[fix.__name__] = "checkpoint"
-for fix in (compat.hybrid_optimizer_takes_fp32_shards, compat.hybrid_optimizer_steps_like_the_plain_one,
-            compat.hybrid_optimizer_state_after_a_load, compat.hybrid_optimizer_param_groups_hold_data_only):
-    CASES[fix.__name__] = "hybrid"
+CASES = {name: shim.needed_by for name, shim in patches.SHIMS.items()}
 MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 
 
@@ -96,7 +99,7 @@ def run(tmp_path, case, *skip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint", "hybrid"])
+@pytest.mark.parametrize("case", sorted(set(CASES.values())))
 def test_all_shims_train(tmp_path, case):
     result = run(tmp_path, case)
     assert result.returncode == 0 and "TRAINED" in result.stdout, result.stderr[-3000:]
@@ -107,3 +110,39 @@ def test_all_shims_train(tmp_path, case):
 def test_each_shim_is_still_needed(tmp_path, shim):
     result = run(tmp_path, CASES[shim], shim)
     assert result.returncode != 0, f"megatron-core trained ({CASES[shim]}) without shim {shim!r}: remove the shim"
+
+
+def test_every_shim_records_its_version_why_and_case():
+    assert len(patches.SHIMS) >= 20
+    for name, shim in patches.SHIMS.items():
+        assert shim.written_for == "0.16.1" and len(shim.why.split()) >= 10, name
+        assert shim.needed_by in ("dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint",
+                                  "crafted-checkpoint", "hybrid"), name
+
+
+def test_the_driver_lists_the_shims_without_applying_them():
+    """What run.json records is read from the registry: in a fresh process (no CUDA, no TransformerEngine here) every
+    shim is planned, and listing them neither imports megatron-core nor patches anything."""
+    code = ("import sys, json, torch; from rlcore.megatron import patches; rows = patches.describe(); "
+            "assert 'megatron.core' not in sys.modules; "
+            "assert torch.Tensor.type(torch.zeros(1)) == 'torch.FloatTensor'; print(json.dumps(rows))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+    assert json.loads(result.stdout) == [dict(name=n, megatron_core="0.16.1") for n in patches.SHIMS]
+
+
+def test_another_megatron_core_version_warns_in_one_line_naming_the_shims(monkeypatch, caplog):
+    import megatron.core
+
+    monkeypatch.setattr(megatron.core, "__version__", "0.17.0")
+    shims = list(patches.SHIMS.values())[:2]
+    with caplog.at_level("WARNING", logger=registry.__name__):
+        registry.warn_unverified(shims)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"megatron-core 0.17.0 is installed; these shims were written for 0.16.1 and not verified for it: "
+        f"{shims[0].name}, {shims[1].name} (tests/megatron/test_cpu_shims.py checks each is still needed)"]
+    caplog.clear()
+    monkeypatch.setattr(megatron.core, "__version__", "0.16.1")
+    registry.warn_unverified(shims)
+    assert not caplog.records

@@ -16,7 +16,7 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1, cp: int 
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    from rlcore.megatron import compat, cpu
+    from rlcore.megatron import patches
 
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -24,8 +24,7 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0, ep: int = 1, cp: int 
             dist.init_process_group(backend)
         else:  # a single process: no rendezvous port needed
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    cpu.apply()
-    compat.apply()
+    patches.apply()
     if not mpu.model_parallel_is_initialized():
         # experts: split over `ep` ranks (carved out of data parallelism), each expert whole (no expert TP)
         mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,

@@ -1,32 +1,14 @@
-"""Shims for gaps in megatron-core (pinned: 0.16.1) that are not about CPU: they apply on GPUs too, whenever the
-condition they name holds. Each is tested to be still needed (tests/megatron/test_cpu_shims.py). Context parallelism
+"""Shims for gaps in megatron-core that are not about CPU: they apply on GPUs too, whenever the condition they are
+registered with holds (TransformerEngine missing; the distributed optimizer over torch's Adam). Context parallelism
 without TransformerEngine lives in the attention module the layer specs use (rlcore.megatron.attention)."""
 from __future__ import annotations
 
 import collections
 
-from rlcore.megatron.attention import have_transformer_engine
+from rlcore.megatron.patches.registry import shim, with_torch_adam, without_transformer_engine
 
 
-def apply() -> None:
-    define_te_general_gemm_without_transformer_engine()
-    checkpoint_writes_without_a_spawned_manager()
-    checkpoint_loading_never_unpickles_code()
-    hybrid_optimizer_takes_fp32_shards()
-    hybrid_optimizer_state_after_a_load()
-    hybrid_optimizer_param_groups_hold_data_only()
-    if not have_transformer_engine():
-        sequence_parallel_torch_norms()
-        multi_latent_attention_without_transformer_engine()
-    from megatron.core.optimizer import distrib_optimizer
-
-    if not distrib_optimizer.HAVE_APEX_OR_TE:       # the distributed optimizer wraps torch.optim.Adam
-        optimizer_state_dict_before_the_first_step()
-        adam_step_not_copied_from_loaded_state()
-        adam_step_tensor_per_parameter_after_load()
-        hybrid_optimizer_steps_like_the_plain_one()
-
-
+@shim("moe")
 def define_te_general_gemm_without_transformer_engine() -> None:
     """moe_utils imports ``te_general_gemm`` only when TransformerEngine is installed, yet the MoE router's gating
     function tests ``te_general_gemm is not None`` unconditionally: without TE every MoE forward raises
@@ -37,6 +19,7 @@ def define_te_general_gemm_without_transformer_engine() -> None:
         moe_utils.te_general_gemm = None
 
 
+@shim("tp2-sp", when=without_transformer_engine)
 def sequence_parallel_torch_norms() -> None:
     """megatron-core's torch (non-TE) norms refuse sequence parallelism, though nothing in them depends on it: a norm
     is per token. Build them with the flag off and tag their parameters ``sequence_parallel`` so that
@@ -64,6 +47,7 @@ def sequence_parallel_torch_norms() -> None:
     torch_norm.WrappedTorchNorm._rlcore_sp = True
 
 
+@shim("mla", when=without_transformer_engine)
 def multi_latent_attention_without_transformer_engine() -> None:
     """megatron-core 0.16.1's MLA module sets ``HAVE_TE`` when its TE extension imports, which it does without TE
     (as mock classes); MLA's constructor then calls ``isinstance(linear_proj, <mock>)`` and raises TypeError."""
@@ -72,6 +56,7 @@ def multi_latent_attention_without_transformer_engine() -> None:
     multi_latent_attention.HAVE_TE = False
 
 
+@shim("checkpoint")
 def checkpoint_writes_without_a_spawned_manager() -> None:
     """The first checkpoint save starts a ``multiprocessing`` Manager through the *spawn* context to carry write
     results back from the writer processes; spawn re-imports ``__main__``, so a save from any script without an
@@ -111,6 +96,7 @@ _CHECKPOINT_METADATA_GLOBALS = {
 }
 
 
+@shim("crafted-checkpoint")
 def checkpoint_loading_never_unpickles_code() -> None:
     """torch.distributed.checkpoint reads a checkpoint's ``.metadata`` with ``pickle.load`` and its non-tensor items
     with ``torch.load(weights_only=False)``: a crafted checkpoint runs code when loaded. Read the metadata with an
@@ -153,6 +139,7 @@ def checkpoint_loading_never_unpickles_code() -> None:
 # --- the distributed optimizer over torch.optim.Adam (no TransformerEngine / Apex): checkpoint save and load --------
 # A bit-exact resume test (tests/test_checkpoint.py) catches each of these; a "loss looks fine" test does not.
 
+@shim("checkpoint", when=with_torch_adam)
 def optimizer_state_dict_before_the_first_step() -> None:
     """``DistributedOptimizer.state_dict()`` reads the step from the per-parameter Adam states (``assert len(steps)
     == 1``), which a never-stepped optimizer does not have: loading a checkpoint into a fresh optimizer (a resume)
@@ -179,6 +166,7 @@ def optimizer_state_dict_before_the_first_step() -> None:
     D.DistributedOptimizer.state_dict = state_dict
 
 
+@shim("checkpoint", when=with_torch_adam)
 def adam_step_not_copied_from_loaded_state() -> None:
     """Loading copies every key of each parameter's optimizer state from the checkpoint's tensors; torch's Adam keeps
     a per-parameter ``step`` that the loaded tensors lack (``fully_reshardable``: KeyError 'step'). The step is
@@ -203,6 +191,7 @@ def adam_step_not_copied_from_loaded_state() -> None:
     D.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
 
 
+@shim("checkpoint", when=with_torch_adam)
 def adam_step_tensor_per_parameter_after_load() -> None:
     """``DistributedOptimizer.load_state_dict`` gives every parameter's state the same ``step`` tensor; torch's Adam
     increments it in place once per parameter, so after a resume the step races ahead (2 -> 40 in two updates) and
@@ -230,6 +219,7 @@ def adam_step_tensor_per_parameter_after_load() -> None:
 
 # --- the hybrid CPU/GPU optimizer (optimizer_cpu_offload, rlcore_plugins' hybrid_adam) ------------------------------
 
+@shim("hybrid")
 def hybrid_optimizer_takes_fp32_shards() -> None:
     """The distributed optimizer shards an fp32 parameter (every parameter of an fp32 model; the torch norms of a
     bf16 one) as a view ``model_param.view(-1)[a:b]``, which is not a leaf. The plain optimizer is handed its param
@@ -265,6 +255,7 @@ def hybrid_optimizer_takes_fp32_shards() -> None:
     D.DistributedOptimizer._build_model_and_main_param_groups = classmethod(build)
 
 
+@shim("hybrid", when=with_torch_adam)
 def hybrid_optimizer_steps_like_the_plain_one() -> None:
     """megatron-core builds the hybrid optimizer's sub-optimizers (torch's AdamW here) with ``fused=True``, while the
     plain distributed optimizer's torch AdamW is unfused: the two kernels round differently (fp32 master weights
@@ -284,6 +275,7 @@ def hybrid_optimizer_steps_like_the_plain_one() -> None:
     H.HybridDeviceOptimizer._rlcore_unfused = True  # type: ignore[attr-defined]
 
 
+@shim("hybrid")
 def hybrid_optimizer_param_groups_hold_data_only() -> None:
     """The hybrid optimizer's defaults, which torch copies into every param group, include its sub-optimizer
     classes; a checkpoint stores the param groups in megatron-core's ``common.pt``, which is read back with
@@ -305,6 +297,7 @@ def hybrid_optimizer_param_groups_hold_data_only() -> None:
     H.HybridDeviceOptimizer._rlcore_data_groups = True  # type: ignore[attr-defined]
 
 
+@shim("hybrid")
 def hybrid_optimizer_state_after_a_load() -> None:
     """After the distributed optimizer loads state into the hybrid one, ``_sync_hdo_state_to_sub_optimizers`` hands
     each sub-optimizer its parameters' state. It looks every parameter up among the fp32 copies it made of bf16 ones

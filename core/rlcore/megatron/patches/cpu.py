@@ -1,46 +1,20 @@
-"""Shims that let megatron-core (pinned: 0.16.1) run on CPU with gloo.
+"""Shims that let megatron-core run on CPU with gloo (registered with ``cpu_only=True``: never applied where CUDA is
+available).
 
 megatron-core assumes CUDA in a few dozen places (RNG tracker, buffers allocated with device="cuda", streams,
-``param.type() == 'torch.cuda.FloatTensor'`` checks). Each shim below works around one such assumption, names the
-modules it touches, and is applied only when the process has no accelerator (``apply()`` is a no-op on CUDA).
-``tests/megatron/test_cpu_shims.py`` removes each shim in turn and checks the model still fails without it, so a shim
-that megatron-core no longer needs shows up as a failing test rather than as dead code.
+``param.type() == 'torch.cuda.FloatTensor'`` checks). Each shim below works around one such assumption and names the
+modules it touches; ``shim``'s first argument names the smallest case that fails without it: dense, moe, moe-ep2, cp2,
+checkpoint, hybrid.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 import types
-from typing import Callable
 
 import torch
 
-SHIMS: dict[str, Callable[[], None]] = {}
-NEEDED_BY: dict[str, str] = {}     # shim -> the smallest case that fails without it: dense, moe, moe-ep2, cp2
-_applied: set[str] = set()
-
-
-def _shim(needed_by: str):
-    def register(fn: Callable[[], None]) -> Callable[[], None]:
-        SHIMS[fn.__name__] = fn
-        NEEDED_BY[fn.__name__] = needed_by
-        return fn
-    return register
-
-
-def needed() -> bool:
-    """Shims apply only where megatron-core cannot use CUDA."""
-    return not torch.cuda.is_available()
-
-
-def apply(skip: tuple[str, ...] = ()) -> None:
-    """Apply every shim once (idempotent). ``skip`` exists for the test that proves each shim is still needed."""
-    if not needed():
-        return
-    for name, fn in SHIMS.items():
-        if name not in skip and name not in _applied:
-            fn()
-            _applied.add(name)
+from rlcore.megatron.patches.registry import shim
 
 
 # --- a per-module stand-in for `torch` that maps CUDA devices to the CPU ------------------------------------------
@@ -119,7 +93,7 @@ def _cpu_torch_in(*module_names: str) -> None:
 
 # --- the shims ------------------------------------------------------------------------------------------------------
 
-@_shim("dense")
+@shim("dense", cpu_only=True)
 def rng_tracker_on_cpu_generator():
     """`model_parallel_cuda_manual_seed` and every `get_cuda_rng_tracker().fork()` (weight init, dropout in TP regions)
     read and write the CUDA generator. Keep the tracker's named states on the CPU generator, same seeding semantics."""
@@ -154,7 +128,7 @@ def rng_tracker_on_cpu_generator():
     R.CudaRNGStatesTracker.fork = fork
 
 
-@_shim("dense")
+@shim("dense", cpu_only=True)
 def cuda_allocations_on_cpu():
     """Buffers that megatron-core allocates with device="cuda" / torch.cuda.current_device(): the schedules' token
     counter, RoPE inv_freq (plain, and YaRN's as multi-latent attention uses it), the global memory buffer, the
@@ -179,7 +153,7 @@ def cuda_allocations_on_cpu():
     )
 
 
-@_shim("dense")
+@shim("dense", cpu_only=True)
 def cuda_tensor_type_strings():
     """The optimizers and grad clipping accept only params whose `type()` is 'torch.cuda.FloatTensor' (or the
     bf16/fp16 names). In a process without CUDA, report a CPU tensor's type with the CUDA name; `type(dtype)` with an
@@ -195,7 +169,7 @@ def cuda_tensor_type_strings():
     torch.Tensor.type = type_
 
 
-@_shim("moe")
+@shim("moe", cpu_only=True)
 def moe_streams_and_buffers_on_cpu():
     """The MoE token dispatcher creates a torch.cuda.Stream for device-to-host copies of token counts and records
     CUDA events; the router, experts and helpers allocate with device="cuda"."""
@@ -208,7 +182,7 @@ def moe_streams_and_buffers_on_cpu():
     )
 
 
-@_shim("moe-ep2")
+@shim("moe-ep2", cpu_only=True)
 def moe_split_sizes_as_numpy():
     """``maybe_move_tensor_to_cpu(..., as_numpy=True)`` converts the all-to-all split sizes to numpy only for CUDA
     tensors; on CPU they stay tensors and ``all_to_all_single`` rejects them. Honour ``as_numpy`` for CPU too."""
@@ -225,7 +199,7 @@ def moe_split_sizes_as_numpy():
         token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
 
 
-@_shim("cp2")
+@shim("cp2", cpu_only=True)
 def rope_context_parallel_index_on_cpu():
     """RoPE under context parallelism picks this rank's chunks with an index tensor built as
     ``torch.tensor(..., pin_memory=True).cuda()``; build it on the embedding's own device."""
@@ -242,34 +216,34 @@ def rope_context_parallel_index_on_cpu():
         module.get_pos_emb_on_this_cp_rank = get_pos_emb_on_this_cp_rank
 
 
-@_shim("checkpoint")
+@shim("checkpoint", cpu_only=True)
 def checkpoint_writer_without_cuda_sync():
     """Distributed checkpointing's file writer (the synchronous save runs the async request inline) calls
     ``torch.cuda.synchronize()`` before copying tensors out."""
     _cpu_torch_in("megatron.core.dist_checkpointing.strategies.filesystem_async")
 
 
-@_shim("checkpoint")
+@shim("checkpoint", cpu_only=True)
 def checkpoint_async_writes_on_cpu():
     """An asynchronous save calls ``torch.cuda.synchronize()`` before it forks its writer, and all-reduces its
     completion flags built on ``torch.cuda.current_device()``."""
     _cpu_torch_in("megatron.core.dist_checkpointing.strategies.async_utils")
 
 
-@_shim("checkpoint")
+@shim("checkpoint", cpu_only=True)
 def checkpoint_saver_flags_on_cpu():
     """The save's cached-plan check and node-failure check all-reduce flags built with ``device='cuda'``."""
     _cpu_torch_in("megatron.core.dist_checkpointing.strategies.state_dict_saver")
 
 
-@_shim("hybrid")
+@shim("hybrid", cpu_only=True)
 def hybrid_optimizer_streams_on_cpu():
     """The hybrid CPU/GPU optimizer (``actor.optim.name=hybrid_adam``) copies gradients down and parameters back on
     ``torch.cuda`` streams and events, and allocates its host gradients with ``pin_memory=True``."""
     _cpu_torch_in("megatron.core.optimizer.cpu_offloading.hybrid_optimizer")
 
 
-@_shim("hybrid")
+@shim("hybrid", cpu_only=True)
 def hybrid_optimizer_splits_host_parameters():
     """The hybrid optimizer decides what to offload by ``param.is_cuda``: in a CPU process no parameter is a device
     one, the offload threshold is 0 and every parameter goes to a host sub-optimizer with no host copy of its own
