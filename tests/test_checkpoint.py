@@ -4,16 +4,13 @@ a run killed while a checkpoint is being written resumes from the previous one, 
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
-
+from runs import ENV, EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
 
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
     "grpo": [],  # (its export at the end in HF's sharded layout, 1 MB files)
@@ -21,56 +18,6 @@ CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficien
     "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2",
                 "trainer.export_max_shard_gb=0.001"],
 }
-
-
-def rlcore_run(run_dir, warm_start_cache, *extra):
-    """The quickstart for a few steps with checkpoints (``extra``: overrides), or ``--resume`` of ``run_dir``."""
-    command = [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,ppo,vllm"]
-    if extra[:1] == ("--resume",):
-        return command + ["--resume", str(run_dir)]
-    return command + ["quickstart", f"trainer.steps={STEPS}", f"trainer.save_every={EVERY}", "trainer.eval_every=4",
-                      "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
-
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def run_to_end(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
-
-def kill_when(cmd, condition, timeout=300):
-    """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw."""
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
-                               start_new_session=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            seen = condition()
-            if seen:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                return seen
-            assert process.poll() is None, "the run ended before it could be killed"
-            time.sleep(0.005)
-        raise AssertionError("the kill condition never held")
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-
-
-def logged(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
-
-
-def without_timings(history):
-    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,14 @@ def resolve_resume(run_dir: str, resume: str) -> str | None:
     return resume
 
 
+def how_to_resume(run_dir: str) -> str:
+    """What to tell a user whose run stopped: the command that continues it, if it has a checkpoint."""
+    found = complete_checkpoints(run_dir)
+    if found:
+        return f"resume it from its step {found[-1][0]} checkpoint with: rlcore run --resume {run_dir}"
+    return f"{run_dir} has no complete checkpoint to resume from (trainer.save_every writes them): run it again"
+
+
 class Checkpointer:
     """Saves every ``every`` steps, keeping the newest ``keep``; ``asynchronous``: one save at a time is written
     while training goes on, made visible by ``finish``."""

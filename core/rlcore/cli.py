@@ -48,12 +48,16 @@ def cmd_run(args) -> int:
         return dry_run(cfg, plugins)
     import torch
 
+    from rlcore.checkpoint import how_to_resume
     from rlcore.controller import Trainer
+    from rlcore.errors import WorkerDied
 
     torch.set_num_threads(1)
     trainer = Trainer(cfg, plugins)                 # unknown families / algorithms / tasks surface here
     try:
         summary = trainer.run()
+    except WorkerDied as e:
+        raise WorkerDied(f"{e}; {how_to_resume(trainer.run_dir)}") from None
     finally:
         trainer.close()
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
@@ -210,8 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except RlcoreError as e:
+        _stop_ray()
         print(f"rlcore: error: {e}", file=sys.stderr)
         return 2
+
+
+def _stop_ray() -> None:
+    """Stop Ray where this process started it: as it stops it prints what it still holds of the workers' output
+    (lines it buffered to count repeats), which would otherwise come after the error line."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -12,3 +12,7 @@ class ConfigError(RlcoreError):
 
 class PluginError(RlcoreError):
     """A plugin that is unknown, fails to import, or conflicts with another."""
+
+
+class WorkerDied(RlcoreError):
+    """A worker process died (killed, out of memory): the run stops, naming the worker and what it was doing."""

@@ -16,6 +16,8 @@ OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way r
 
 
 class CriticWorker(Worker):
+    role = "critic"
+
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)

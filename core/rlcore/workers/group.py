@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
+from typing import NoReturn
 
 import torch
 
 from rlcore.balance import balanced_partition
 from rlcore.config import Config
 from rlcore.data import Batch
+from rlcore.errors import WorkerDied
 from rlcore.workers.worker import ActorRolloutWorker
 
 log = logging.getLogger(__name__)
+
+PEER_DEATH_WAIT_S = 5.0   # how long a worker's error waits for Ray to report a dead peer it may be the echo of
 
 
 def dp_parts(batch: Batch, parts: int) -> list[list[int]]:
@@ -52,6 +57,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def death_cause(error: Exception) -> str:
+    """How a worker died, in Ray's words: its exit type, and what that means here."""
+    from ray.exceptions import OutOfMemoryError
+
+    found = re.search(r"Worker exit type: (\w+)", str(error))
+    exit_type = found[1] if found else "unknown"
+    if exit_type == "NODE_OUT_OF_MEMORY" or isinstance(error, OutOfMemoryError):
+        return "it ran out of memory (Ray's memory monitor killed it: NODE_OUT_OF_MEMORY)"
+    if exit_type == "SYSTEM_ERROR":
+        return ("its process was killed (Ray: SYSTEM_ERROR, the process ended without exiting: SIGKILL, the kernel's "
+                "OOM killer - see dmesg - or a crash)")
+    return f"Ray says: worker exit type {exit_type}"
+
+
 class WorkerGroup:
     """Workers of one class (the actor+rollout workers, or the critic's), forming their own torch.distributed world:
     in this process when there is one, else one Ray actor per process."""
@@ -59,6 +78,8 @@ class WorkerGroup:
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str,
                  worker_cls: type = ActorRolloutWorker, world: int | None = None):
         self.world = world or cfg.trainer.world_size
+        self.role = getattr(worker_cls, "role", worker_cls.__name__)
+        self.dead = False             # a worker died: the group has stopped
         if self.world == 1:
             self.workers = [worker_cls(cfg, plugin_names, model_path)]
             self.remote = False
@@ -91,14 +112,50 @@ class WorkerGroup:
                 for i in range(self.world)]
 
     # --- plumbing ------------------------------------------------------------------------------------------------
-    def call(self, method: str, *args, per_rank: list[tuple] | None = None) -> list:
-        """Call ``method`` on every worker (with ``per_rank[i]`` as the arguments of rank i, if given)."""
+    def call(self, method: str, *args, per_rank: list[tuple] | None = None, phase: str | None = None) -> list:
+        """Call ``method`` on every worker (with ``per_rank[i]`` as the arguments of rank i, if given); ``phase``:
+        what a message about a worker dying in it calls the call (``method`` by default)."""
         arguments = per_rank or [args] * self.world
         if not self.remote:
             return [getattr(self.workers[0], method)(*arguments[0])]
-        import ray
+        return self._results([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)], phase or method)
 
-        return ray.get([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)])
+    def _results(self, refs: list, phase: str) -> list:
+        """The workers' results in rank order. A worker that died (killed, out of memory) stops the group as soon as
+        Ray reports it and raises ``WorkerDied`` naming it; its peers' collectives with it fail (gloo: connection
+        closed), possibly before Ray reports the death, so a worker's error first looks for a dead peer."""
+        import ray
+        from ray.exceptions import ActorDiedError, OutOfMemoryError, RayError
+
+        rank = {ref: i for i, ref in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            [ready], pending = ray.wait(pending, num_returns=1)
+            try:
+                results[rank[ready]] = ray.get(ready)
+            except (ActorDiedError, OutOfMemoryError) as e:
+                self._died(rank[ready], phase, e)
+            except RayError:
+                done = ray.wait(pending, num_returns=len(pending), timeout=PEER_DEATH_WAIT_S)[0] if pending else []
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except (ActorDiedError, OutOfMemoryError) as e:
+                        self._died(rank[ref], phase, e)
+                    except RayError:
+                        pass
+                raise
+        return results
+
+    def _died(self, rank: int, phase: str, error: Exception) -> NoReturn:
+        """Stop the group (the other workers exit: their collectives with the dead one have failed) and say in one
+        line which worker died, where it sat, what it was doing and how."""
+        where = self.coords[rank].describe() if hasattr(self, "coords") else f"rank {rank}"
+        phase = "start" if phase == "get_coords" else phase
+        self.dead = True
+        self._exit_workers(timeout_s=10)
+        raise WorkerDied(f"{self.role} worker {where} died during {phase}: {death_cause(error)}") from None
 
     def _by_dp(self, batch: Batch, parts: list[list[int]]) -> list[tuple]:
         """Each worker's arguments: its data-parallel share of ``batch`` (``parts``: ``dp_parts``). Ray workers get
@@ -121,7 +178,8 @@ class WorkerGroup:
         Ray workers send back only those (``Worker.answer``)."""
         if not self.remote:
             return self._reported(self.call(method, per_rank=per_rank))
-        results = self.call("answer", per_rank=[(method, c.reports, *a) for c, a in zip(self.coords, per_rank)])
+        results = self.call("answer", per_rank=[(method, c.reports, *a) for c, a in zip(self.coords, per_rank)],
+                            phase=method)
         return [r["answer"] if isinstance(r, Batch) else r for r in self._reported(results)]
 
     # --- what the controller uses ----------------------------------------------------------------------------------
@@ -162,6 +220,8 @@ class WorkerGroup:
         self.call("train_mode")
 
     def stop(self) -> None:
+        if self.dead:                 # stopped when the worker died
+            return
         try:
             self.call("stop")
         finally:

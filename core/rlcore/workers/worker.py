@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,6 +43,17 @@ class Coords:
     reports: bool             # this rank's results speak for its data-parallel group (tp 0, cp 0, last stage)
     leads_replica: bool       # this rank's generations speak for its rollout replica
     node: str                 # the Ray node this worker runs on
+    tp_rank: int = 0
+    pp_rank: int = 0
+    cp_rank: int = 0
+    ep_rank: int = 0
+    pid: int = field(default_factory=os.getpid)            # what the system's logs (an OOM kill) name it by
+    host: str = field(default_factory=socket.gethostname)
+
+    def describe(self) -> str:
+        """Where this worker sits, for a message about it."""
+        return (f"rank {self.rank} (tp {self.tp_rank}, pp {self.pp_rank}, cp {self.cp_rank}, ep {self.ep_rank}, "
+                f"dp {self.dp_rank}; pid {self.pid} on {self.host})")
 
 
 def join_world(rank: int, world_size: int, master: tuple[str, int] | None) -> None:
@@ -65,13 +77,16 @@ def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coor
                and mpu.is_pipeline_last_stage())
     return Coords(rank=rank, dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
                   rollout_replica=rank // rollout_tp, rollout_replicas=world_size // rollout_tp, reports=reports,
-                  leads_replica=rank % rollout_tp == 0, node=_node())
+                  leads_replica=rank % rollout_tp == 0, node=_node(), tp_rank=mpu.get_tensor_model_parallel_rank(),
+                  pp_rank=mpu.get_pipeline_model_parallel_rank(), cp_rank=mpu.get_context_parallel_rank(),
+                  ep_rank=mpu.get_expert_model_parallel_rank())
 
 
 class Worker:
     """What every worker does first: join its group's world, load the plugins, bind the algorithm's options. Its
     subclass sets ``trainable``, the Megatron model it trains (the actor, the critic)."""
     trainable: "MegatronTrainable"
+    role = "worker"           # how messages name its group
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, rank: int, world_size: int,
                  master: tuple[str, int] | None):
@@ -135,6 +150,8 @@ class Worker:
 
 
 class ActorRolloutWorker(Worker):
+    role = "actor"
+
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)

@@ -64,8 +64,11 @@ def checkpoint_writes_without_a_spawned_manager() -> None:
     The writers are forked (megatron-core's non-persistent async caller and the synchronous save's workers), so a
     Manager forked from this process serves them, in milliseconds. (A plain pipe-backed queue does not: a put from
     this process reaches the pipe only later, through a feeder thread, and a forked writer's put of more than a pipe
-    buffer of results would block its exit until read.)"""
+    buffer of results would block its exit until read.) The forked Manager exits with this process: it holds a copy
+    of every descriptor this process had, Ray's connection to a worker among them, and outliving a killed worker it
+    would hide the worker's death from Ray (the run would wait on the dead worker forever)."""
     import multiprocessing
+    from multiprocessing.managers import SyncManager
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
@@ -75,11 +78,29 @@ def checkpoint_writes_without_a_spawned_manager() -> None:
 
     def forked_manager_queue():
         if not results:
-            results.append(multiprocessing.get_context("fork").Manager().Queue())
+            manager = SyncManager(ctx=multiprocessing.get_context("fork"))
+            manager.start(initializer=exit_with_parent)
+            results.append(manager.Queue())
         return results[0]
 
     forked_manager_queue._rlcore = True  # type: ignore[attr-defined]
     filesystem_async._get_write_results_queue = forked_manager_queue
+
+
+def exit_with_parent() -> None:
+    """In a forked helper process: exit as soon as the process that forked it is gone (its parent changes)."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="rlcore-exit-with-parent", daemon=True).start()
 
 
 # what torch.distributed.checkpoint's `.metadata` pickle may name: its own metadata classes and torch's type names

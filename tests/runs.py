@@ -1,0 +1,68 @@
+"""How tests start, watch and kill `rlcore run` as a user would run it: the checkpoint tests kill a whole run and
+resume it, the dead-worker test kills one of its Ray workers."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def rlcore_run(run_dir, warm_start_cache, *extra):
+    """The quickstart for a few steps with checkpoints (``extra``: overrides), or ``--resume`` of ``run_dir``."""
+    command = [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,ppo,vllm"]
+    if extra[:1] == ("--resume",):
+        return command + ["--resume", str(run_dir)]
+    return command + ["quickstart", f"trainer.steps={STEPS}", f"trainer.save_every={EVERY}", "trainer.eval_every=4",
+                      "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
+
+
+def run_to_end(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray."""
+    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=ENV, start_new_session=True)
+
+
+def wait_until(process, condition, timeout=300):
+    """What ``condition()`` returns once it holds, polled while ``process`` runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = condition()
+        if seen:
+            return seen
+        assert process.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.005)
+    raise AssertionError("the kill condition never held")
+
+
+def kill_when(cmd, condition, timeout=300):
+    """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw."""
+    process = start(cmd)
+    try:
+        seen = wait_until(process, condition, timeout)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return seen
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def logged(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def without_timings(history):
+    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
