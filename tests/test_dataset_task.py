@@ -77,13 +77,15 @@ def test_addition_as_verl_parquet_learns_through_the_dataset_task(tmp_path, warm
     files' data_source: held-out accuracy rises by the quickstart test's margin, evaluated at 40 and 80."""
     from rlcore.config import load_config
     from rlcore.plugins import load_plugins
+    from rlcore.rewards import build_rewards
     from rlcore.warm_start import prepare_model
     from rlcore_plugins.tasks.arithmetic import ADDITION
 
     cfg = load_config("quickstart", [f"warm_start.cache_dir={warm_start_cache}"])
     registry = load_plugins(["qwen3", "grpo", "vllm"]).registry
     addition = ADDITION.build(dict(cfg.task.options), cfg.run.seed)
-    model_path = prepare_model(cfg, registry.get("models", "qwen3"), addition, registry.get("optimizers", "adam"))
+    model_path = prepare_model(cfg, registry.get("models", "qwen3"), addition,
+                               build_rewards(cfg.task, ADDITION.default_reward, {}, registry))
     rlcore = [sys.executable, "-m", "rlcore.cli"]
     subprocess.run(rlcore + ["dataset", "task", "addition", str(tmp_path), "--train-size=3000"], check=True)
     run_dir = tmp_path / "run"

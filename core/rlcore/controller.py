@@ -87,7 +87,7 @@ class Trainer:
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
         self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
                                          cfg.trainer.checkpoint_async)
-        self.model_path = prepare_model(cfg, self.spec, self.task, self.optimizer_spec)
+        self.model_path = prepare_model(cfg, self.spec, self.task, self.score)
         hf_config = read_hf_config(self.model_path)
         try:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)

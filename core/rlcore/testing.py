@@ -290,8 +290,9 @@ def run_grpo_smoke(plugins: str, family: str, run_dir: str, steps: int = 3, *ove
     import json
 
     cmd = [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}", f"model.family={family}",
-           f"trainer.steps={steps}", "warm_start.steps=20", "trainer.eval_every=0", "trainer.check_logprobs_every=1",
-           "trainer.export_hf=false", "run.progress=false", "trainer.loggers=[jsonl]", f"run.dir={run_dir}",
+           f"trainer.steps={steps}", "warm_start.steps=20", "warm_start.target_accuracy=0", "trainer.eval_every=0",
+           "trainer.check_logprobs_every=1", "trainer.export_hf=false", "run.progress=false", "trainer.loggers=[jsonl]",
+           f"run.dir={run_dir}",
            f"warm_start.cache_dir={os.path.join(run_dir, 'warm_start')}", *overrides]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -9,7 +9,7 @@ from rlcore.controller import Trainer
 from rlcore.plugins import load_plugins
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
-
+SHORT_WARM_START = ["warm_start.steps=20", "warm_start.target_accuracy=0"]   # enough for a logprob check
 LAYOUTS = {
     "tp2": ["trainer.world_size=2", "actor.parallel.tp=2"],
     "pp2": ["trainer.world_size=2", "actor.parallel.pp=2"],
@@ -24,8 +24,8 @@ LAYOUTS = {
     # the weight sync over torch.distributed broadcasts instead of shared memory (what multi-host runs use)
     "tp2-collectives": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.sync_transport=collectives"],
     # Qwen3-MoE, experts split over 2 ranks; a short warm start is enough for a logprob check
-    "moe-ep2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2", "actor.parallel.ep=2"],
-    "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", "warm_start.steps=20", "trainer.world_size=2",
+    "moe-ep2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.ep=2"],
+    "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2",
                             "actor.parallel.ep=2", "rollout.tp=2"],
 }
 

@@ -129,6 +129,8 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.keep_checkpoints", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
     ("warm_start.steps", lambda v: v >= 0, "an integer >= 0"),
+    ("warm_start.target_accuracy", lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = no target)"),
+    ("warm_start.eval_every", lambda v: v >= 1, "an integer >= 1"),
 ]
 
 

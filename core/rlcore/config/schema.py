@@ -40,9 +40,12 @@ class ModelConfig:
 @dataclass
 class WarmStartConfig:
     """A short supervised warm start on the task's examples before RL, cached by its settings."""
-    steps: int = 0                # 0 = no warm start
-    lr: float = 1e-3
+    steps: int = 0                # the most steps it takes (cosine LR decay over them); 0 = no warm start
+    lr: float = 1e-3              # AdamW's peak learning rate
     batch_size: int = 64
+    target_accuracy: float = 0.0  # stop at the first evaluation with this greedy held-out accuracy (eval/accuracy);
+                                  # not reached in `steps`: an error. 0 = no evaluations, all `steps`
+    eval_every: int = 25          # steps between the held-out evaluations (with a target_accuracy)
     cache_dir: str = "~/.cache/rlcore/warm_start"
 
 
