@@ -35,22 +35,9 @@ def quickstart(tmp_path_factory, warm_start_cache):
     trainer.close()
 
 
-QWEN_STYLE_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                       "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
 @pytest.fixture(scope="session")
 def chat_tokenizer():
     """A byte-level BPE tokenizer trained here, with Qwen3's special tokens and a Qwen3-style chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from rlcore.testing_gsm8k import chat_tokenizer
 
-    bpe = Tokenizer(models.BPE(unk_token=None))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    corpus = ["What is 2+3? Let's think step by step.", "Natalia sold 48 clips in April.", "Be brief."] * 20
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    bpe.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=QWEN_STYLE_TEMPLATE)
+    return chat_tokenizer()

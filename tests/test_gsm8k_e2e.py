@@ -10,21 +10,11 @@ import sys
 import pytest
 
 
-def gsm8k_lines(count, offset):
-    lines = []
-    for i in range(offset, offset + count):
-        apples, bought = 3 + i, 2 * i + 1
-        lines.append({"question": f"Tom has {apples} apples. At the market he buys {bought} more apples and gives "
-                                  f"none away. How many apples does Tom have now?",
-                      "answer": f"Tom has {apples} + {bought} = <<{apples}+{bought}={apples + bought}>>"
-                                f"{apples + bought} apples.\n#### {apples + bought}"})
-    return lines
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_grpo_on_gsm8k_parquet_with_a_chat_template_and_the_math_reward(tmp_path, chat_tokenizer):
     from rlcore.testing import tiny_checkpoint
+    from rlcore.testing_gsm8k import gsm8k_lines
     from rlcore_model_qwen3.plugin import QWEN3
 
     ckpt = tmp_path / "ckpt"
