@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from rlcore.launch import torchrun
+
 SHAPE = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4, head_dim=64, ffn_hidden_size=2048,
              max_position_embeddings=256)
 VOCAB = 32000
@@ -129,8 +131,7 @@ def main() -> None:
     for name in args.layouts.split(","):
         world, tp = LAYOUTS[name]
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_port=29691",
-                   __file__, "--rank", f"--tp={tp}", f"--dir={tmp}", f"--repeats={args.repeats}"]
+            cmd = [*torchrun(world), __file__, "--rank", f"--tp={tp}", f"--dir={tmp}", f"--repeats={args.repeats}"]
             out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
             if out.returncode != 0:
                 errors = [line for line in out.stderr.splitlines() if "Error" in line and "error_file" not in line]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -169,12 +168,6 @@ def rank_main(args) -> None:
     shutdown_parallel()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layouts", default="world1,tp2,pp2,ep2")
@@ -208,8 +201,7 @@ def main() -> None:
                 results = {}
                 for baseline in (False, True):
                     out = os.path.join(tmp, "out")
-                    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={sizes['world']}",
-                           f"--master_port={_free_port()}", __file__, "--rank", f"--model={model}", f"--ckpt={ckpt}",
+                    cmd = [*torchrun(sizes["world"]), __file__, "--rank", f"--model={model}", f"--ckpt={ckpt}",
                            f"--out={out}", f"--max-shard-mb={args.max_shard_mb}", f"--bucket-mb={args.bucket_mb}",
                            *[f"--{k}={sizes.get(k, 1)}" for k in ("tp", "pp", "ep")]]
                     run = subprocess.run(cmd + (["--baseline"] if baseline else []), capture_output=True, text=True,

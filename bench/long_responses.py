@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from rlcore.launch import free_port
+
 SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, ffn_hidden_size=768)
 VOCAB = 4096
 CONFIGS = {"fixed": dict(recompute="none", budget=False, pack=False, chunked=True),
@@ -101,7 +103,7 @@ def main() -> None:
     print(f"{'config':<12} {'tokens/s':>9} {'s/update':>9} {'padding':>8} {'micro-batches':>14} {'peak MB':>8}")
     results = {}
     for name in CONFIGS:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29701",
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
         out = subprocess.run([sys.executable, __file__, f"--config={name}", *sys.argv[1:]], capture_output=True,
                              text=True, env=env)

@@ -30,6 +30,8 @@ import tempfile
 import threading
 import time
 
+from rlcore.launch import torchrun
+
 SHAPE = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, ffn_hidden_size=3072,
              max_position_embeddings=256)
 VOCAB = 32000
@@ -203,8 +205,7 @@ def main() -> int:
         for backend, layout in [(b, lay) for lay in args.layouts.split(",") for b in args.backend.split(",")]:
             world = LAYOUTS[layout][0]
             with tempfile.TemporaryDirectory() as out:
-                cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
-                       "--master_port=29613", __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
+                cmd = [*torchrun(world), __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
                        "--bucket-mb", str(args.bucket_mb), "--dtype", args.dtype, "--repeats", str(args.repeats),
                        "--backend", backend]
                 proc = subprocess.run(cmd, capture_output=True, text=True)

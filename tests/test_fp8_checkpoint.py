@@ -3,15 +3,14 @@ Megatron's logits equal transformers' run on the weights dequantized here block 
 reader, at world 1 and TP2; the MTP layer is skipped; the export holds no FP8 and no quantization_config."""
 import json
 import os
-import socket
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlcore.launch import torchrun
 from rlcore.testing import tiny_checkpoint
 from rlcore.testing_fp8 import quantize_checkpoint
 
@@ -124,20 +123,13 @@ _TP2_RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_fp8_checkpoint_loads_at_tp2(fp8, tmp_path):
     family, path, plain = fp8
     script = tmp_path / "rank.py"
     script.write_text(_TP2_RANK)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             f"--master_port={_free_port()}", str(script), family, path, plain],
+    result = subprocess.run([*torchrun(2), str(script), family, path, plain],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0 and result.stdout.count("TP2 OK") == 2, result.stderr[-4000:]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 
 from rlcore.errors import ConfigError
+from rlcore.launch import torchrun
 
 MARKER = "rlcore_converted.json"
 WEIGHTS = "megatron"
@@ -61,11 +61,7 @@ def convert(hf_dir: str, out: str, family: str | None = None, tp: int = 1, pp: i
     if os.path.exists(out) and os.listdir(out):
         raise ConfigError(f"{out!r} exists and is not empty: give a new directory")
     weightless_copy(hf_dir, out)           # config (dequantized: no quantization_config) and tokenizer
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={tp * pp * ep}",
-               f"--master_port={port}", "-m", "rlcore.hf_to_megatron", hf_dir, out, family, str(tp), str(pp), str(ep),
+    command = [*torchrun(tp * pp * ep), "-m", "rlcore.hf_to_megatron", hf_dir, out, family, str(tp), str(pp), str(ep),
                dtype, ",".join(plugin_names) if plugin_names is not None else "*"]
     result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     if result.returncode != 0:

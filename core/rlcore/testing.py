@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rlcore.launch import torchrun
 from rlcore.specs import ModelSpec
 
 # fp32 logits of a tiny model agree to <= 3e-7 when the mapping is right (the sweeps measure it); a wrong norm
@@ -272,13 +273,12 @@ _EP_RANK = textwrap.dedent("""
 """)
 
 
-def assert_expert_parallel(plugin: str, family: str, path: str, vocab_size: int = 48, port: int = 29681) -> None:
+def assert_expert_parallel(plugin: str, family: str, path: str, vocab_size: int = 48) -> None:
     """Two processes at EP=2: each holds half the experts; the export equals the file and the logits match."""
     script = os.path.join(path, "_ep2_rank.py")
     with open(script, "w") as f:
         f.write(_EP_RANK)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             f"--master_port={port}", script, plugin, family, path, str(vocab_size)],
+    result = subprocess.run([*torchrun(2), script, plugin, family, path, str(vocab_size)],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0 and result.stdout.count("EP2 OK") == 2, result.stderr[-4000:]
 

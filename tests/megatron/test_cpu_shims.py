@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from rlcore.launch import torchrun
 from rlcore.megatron import patches
 from rlcore.megatron.patches import registry
 
@@ -92,8 +93,7 @@ MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
 def run(tmp_path, case, *skip):
     script = tmp_path / "case.py"
     script.write_text(SCRIPT)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29641"] \
-        if case in MULTI_PROCESS else [sys.executable]
+    launcher = torchrun(2) if case in MULTI_PROCESS else [sys.executable]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([*launcher, str(script), case, *skip], capture_output=True, text=True, timeout=300, env=env)
 

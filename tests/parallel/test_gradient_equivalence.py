@@ -89,7 +89,7 @@ BUDGETS = [name for name, layout in LAYOUTS.items() if layout[6]]
 
 
 def one_step(tmp_path, name, checkpoint, procs, tp, pp, cp, mbs, sp, tokens, chunk, packed, role="actor"):
-    return run_ranks(RANK_SCRIPT, tmp_path, procs, 29661, tmp_path / f"{role}-{name}.safetensors", checkpoint, role,
+    return run_ranks(RANK_SCRIPT, tmp_path, procs, tmp_path / f"{role}-{name}.safetensors", checkpoint, role,
                      tp, pp, cp, mbs, sp, tokens, chunk, packed)
 
 

@@ -5,7 +5,7 @@ state and main params (``_memory``, what offload moves) on each of 2 ranks (gloo
 megatron-core asks of MoE with TP). Within 10% each, and in total (measured: within 0.2%)."""
 import pytest
 
-from ranks import free_port, run_ranks
+from ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -66,7 +66,7 @@ shutdown_parallel()
 
 
 def test_dry_run_model_state_is_what_the_actor_holds(tmp_path):
-    rows = run_ranks(RANK_SCRIPT, tmp_path, 2, free_port(), tmp_path / "bytes.safetensors")
+    rows = run_ranks(RANK_SCRIPT, tmp_path, 2, tmp_path / "bytes.safetensors")
     for case in CASES:
         for rank, (measured, estimated) in enumerate(rows[case].tolist()):
             line = "  ".join(f"{k} {m / 2**20:.2f}/{e / 2**20:.2f}" for k, m, e in zip(KINDS, measured, estimated))

@@ -96,7 +96,7 @@ RANK_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("family, optimizers", [("dense", 1), ("dense-bf16", 1), ("moe", 2)])
 def test_optimizer_state_round_trips_as_megatron_cores_own_save(tmp_path, family, optimizers):
-    result = run_ranks(RANK_SCRIPT, tmp_path, 2, 29681, tmp_path / "result.safetensors", tmp_path, family)
+    result = run_ranks(RANK_SCRIPT, tmp_path, 2, tmp_path / "result.safetensors", tmp_path, family)
     assert result["optimizers"].item() == optimizers
     assert result["split"].item() >= 1          # the path that sends a split parameter's state was taken
     assert result["compared"].item() > 60

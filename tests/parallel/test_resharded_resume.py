@@ -75,7 +75,7 @@ RANK_SCRIPT = textwrap.dedent("""
 def run(tmp_path, mode, hf_checkpoint, checkpoint, role, procs, tp, pp):
     """``mode`` save: from the HF checkpoint, three updates, then save ``checkpoint``; load: from ``checkpoint``.
     Either way, then the view of the model (weights, per-token outputs) and one more update's."""
-    return run_ranks(RANK_SCRIPT, tmp_path, procs, 29671, tmp_path / f"{role}-{mode}-tp{tp}pp{pp}.safetensors", mode,
+    return run_ranks(RANK_SCRIPT, tmp_path, procs, tmp_path / f"{role}-{mode}-tp{tp}pp{pp}.safetensors", mode,
                      hf_checkpoint, checkpoint, role, tp, pp)
 
 

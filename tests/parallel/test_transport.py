@@ -3,10 +3,11 @@ that both ranks write (a contiguous piece and a strided one, as TP shards are), 
 that the consumer still references is never overwritten (the group maps a fresh one); an oversized bucket is
 refused; and no segment file is left in /dev/shm."""
 import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from rlcore.launch import torchrun
 
 pytestmark = [pytest.mark.parallel]
 
@@ -18,7 +19,8 @@ RANK_SCRIPT = textwrap.dedent("""
     shm, coll = make_exchange(group, 1 << 12), make_exchange(group, 1 << 12, "collectives")
     assert isinstance(shm, SharedMemoryExchange) and isinstance(coll, CollectiveExchange), (shm, coll)
     assert make_exchange(group, 0) is None   # every rank holds everything: nothing to exchange
-    assert not glob.glob("/dev/shm/rlcore-sync-*"), glob.glob("/dev/shm/rlcore-sync-*")
+    segments = lambda: glob.glob(f"{shm._prefix}-*")   # this exchange's: other runs on the host have their own
+    assert not segments(), segments()
 
     # a bucket of two full tensors: a [4, 6] split along dim 1 (rank r holds columns 3r..3r+2) and a [5] that
     # rank 1 alone holds and writes as two pieces
@@ -49,12 +51,12 @@ RANK_SCRIPT = textwrap.dedent("""
     except ValueError as e:
         assert "exceed" in str(e), e
     dist.barrier()
-    assert not glob.glob("/dev/shm/rlcore-sync-*"), glob.glob("/dev/shm/rlcore-sync-*")
+    assert not segments(), segments()
     print(f"TRANSPORT OK {rank}", flush=True)
     # Drop every reference to the process group, then destroy it: a group object that outlives
     # destroy_process_group is torn down at interpreter exit, which aborted 3 runs in 30
     # ("terminate called without an active exception"); 0 in 30 this way.
-    del shm, coll, group
+    del shm, coll, group, segments
     dist.destroy_process_group()
 """)
 
@@ -62,6 +64,5 @@ RANK_SCRIPT = textwrap.dedent("""
 def test_shared_memory_and_collectives_agree(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29655", str(script)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([*torchrun(2), str(script)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.count("TRANSPORT OK") == 2, result.stderr[-4000:]

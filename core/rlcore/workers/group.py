@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 from typing import NoReturn
 
 import torch
@@ -17,6 +16,7 @@ from rlcore.balance import balanced_partition
 from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.errors import WorkerDied
+from rlcore.launch import free_port
 from rlcore.workers.worker import ActorRolloutWorker
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,6 @@ def _shares(n: int, parts: int) -> list[range]:
         out.append(range(start, start + size))
         start += size
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def death_cause(error: Exception) -> str:
@@ -99,12 +93,14 @@ class WorkerGroup:
             if cfg.trainer.ray_address:
                 ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
             else:  # embedded; Ray's CPUs are scheduling slots: one per worker (actor's and critic's), whatever
-                # the core count
+                # the core count. address="local": a Ray of its own even while another process on this host runs a
+                # cluster (ray.init() would try to join the one in /tmp/ray/ray_current_cluster and fail on num_cpus)
                 workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
-                ray.init(num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False, log_to_driver=True)
+                ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
+                         log_to_driver=True)
         self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
-        master = (ray.util.get_node_ip_address(), _free_port())
+        master = (ray.util.get_node_ip_address(), free_port())
         remote_cls = ray.remote(num_cpus=1)(worker_cls)
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
         return [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),

@@ -4,11 +4,12 @@ shared experts replicated), and a training step keeps the replicated weights ide
 bias fixed. TP2: megatron's own shards of the MLA projections (column-parallel down projections included) are the
 ones the weight rules cut."""
 import subprocess
-import sys
 import textwrap
 
 import pytest
 from test_deepseek_conversion import checkpoint   # the tests' own folder is on sys.path (no __init__.py)
+
+from rlcore.launch import torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -62,7 +63,6 @@ def test_round_trip_and_logits_over_two_ranks(tmp_path, layout):
     checkpoint("deepseek_v3", str(tmp_path / "ckpt"))
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                             "--master_port=29671", str(script), str(tmp_path / "ckpt"), layout],
+    result = subprocess.run([*torchrun(2), str(script), str(tmp_path / "ckpt"), layout],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.count(f"OK {layout}") == 2, result.stderr[-4000:]

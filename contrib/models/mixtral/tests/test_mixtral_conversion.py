@@ -51,4 +51,4 @@ def test_router_jitter_noise_is_named_in_one_log_line(caplog):
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_expert_parallel_conversion(mixtral):
-    assert_expert_parallel("mixtral", "mixtral", mixtral[0], port=29683)
+    assert_expert_parallel("mixtral", "mixtral", mixtral[0])

@@ -43,4 +43,4 @@ def test_expert_parallel_conversion(family):
     spec, path, _, _, _ = family
     if spec is not QWEN3_MOE:
         pytest.skip("dense model: no experts")
-    assert_expert_parallel("qwen3", spec.name, path, port=29682)
+    assert_expert_parallel("qwen3", spec.name, path)
