@@ -43,27 +43,29 @@ PHASES = ("rollout", "sync", "logprobs", "train", "reward", "step")
 def measure(backend: str, args) -> dict:
     """Median seconds per phase over the timed steps of one run with ``backend`` generating."""
     from rlcore.config import load_config
-    from rlcore.controller import Trainer
+    from rlcore.evaluation import evaluate
+    from rlcore.loop import step as rl_step
     from rlcore.plugins import load_plugins
+    from rlcore.run import Run
 
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = load_config("quickstart", [f"run.dir={run_dir}", "run.progress=false", "trainer.loggers=[]",
                                          f"rollout.backend={backend}", *args.overrides])
-        trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", backend]))
+        run = Run(cfg, load_plugins(["qwen3", "grpo", backend]))
         try:
-            trainer.setup()
-            trainer.evaluate(0)  # the engine's first generate pays one-off warm-up costs
+            run.setup()
+            evaluate(run.source, run.task, cfg, 0)  # the engine's first generate pays one-off warm-up costs
             rows = []
             for step in range(1, args.steps + args.warmup + 1):
                 start = time.perf_counter()
-                m = trainer.step(step)
+                m = rl_step(run, step)
                 m["time/step"] = time.perf_counter() - start
                 if step > args.warmup:
                     rows.append(m)
-            parameters = trainer.workers.call("num_parameters")[0]
-            copy_s, copy_bytes = plain_copy_seconds(trainer.workers.workers[0].actor)
+            parameters = run.workers.call("num_parameters")[0]
+            copy_s, copy_bytes = plain_copy_seconds(run.workers.workers[0].actor)
         finally:
-            trainer.close()
+            run.close()
     result = {phase: statistics.median(r["time/" + phase] for r in rows) for phase in PHASES}
     result.update(copy_s=copy_s, copy_bytes=copy_bytes, sync_bytes=int(rows[-1]["sync/bytes"]),
                   parameters=parameters, steps=len(rows), prompts=cfg.trainer.prompts_per_step, n=cfg.rollout.n)

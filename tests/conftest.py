@@ -18,21 +18,21 @@ def warm_start_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def quickstart(tmp_path_factory, warm_start_cache):
-    """A Trainer that has run the short quickstart; its actor and vLLM engine stay up for further checks."""
+    """A Run that has run the short quickstart; its actor and vLLM engine stay up for further checks."""
     import torch
 
     from rlcore.config import load_config
-    from rlcore.controller import Trainer
     from rlcore.plugins import load_plugins
+    from rlcore.run import Run
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("quickstart")
     cfg = load_config("quickstart", SHORT_QUICKSTART + [f"run.dir={root / 'run'}",
                                                         f"warm_start.cache_dir={warm_start_cache}"])
-    trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
-    trainer.summary = trainer.run()
-    yield trainer
-    trainer.close()
+    run = Run(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+    run.summary = run.train()
+    yield run
+    run.close()
 
 
 @pytest.fixture(scope="session")

@@ -1,29 +1,36 @@
 """Dynamic sampling (GRPO's algorithm.dynamic_sampling): groups whose rewards are all equal are dropped, more prompts
 are sampled in their place, and every dropped group is counted."""
 import pytest
-import torch
 
-from rlcore.controller import Samples, Timer
-from rlcore.rewards import Scores
-
-
-def samples(group_sizes, rewards):
-    group_ids = torch.tensor([g for g, n in enumerate(group_sizes) for _ in range(n)])
-    n = len(group_ids)
-    total = torch.tensor(rewards, dtype=torch.float64)
-    return Samples([[1]] * n, [[i] for i in range(n)], [[0.0]] * n, ["stop"] * n, [{"i": i} for i in range(n)],
-                   group_ids, Scores(total, {"r": total}), total.float())
+from rlcore.loop import Timer
+from rlcore.rollout.groups import GroupFilter
+from rlcore.trajectory import Trajectory, to_batch
 
 
-def test_select_and_concatenate_groups_renumber_them():
-    a = samples([2, 2, 1], [1, 0, 1, 1, 0])
-    b = samples([2], [0, 1])
-    kept = Samples.cat([a.select_groups([0, 2]), b])
-    assert kept.group_ids.tolist() == [0, 0, 1, 2, 2]
-    assert [r[0] for r in kept.responses] == [0, 1, 4, 0, 1]
-    assert kept.rewards.tolist() == [1, 0, 0, 0, 1] and kept.scores.components["r"].tolist() == [1, 0, 0, 0, 1]
-    assert kept.first_groups(2).group_ids.tolist() == [0, 0, 1]
-    assert len(a.select_groups([])) == 0 and a.select_groups([]).groups == 0
+def groups(rewards_per_group, first=0):
+    """Single-turn trajectories, one group per list of rewards; response token = its row number from ``first``."""
+    out, row = [], first
+    for rewards in rewards_per_group:
+        group = []
+        for r in rewards:
+            group.append(Trajectory.single_turn([1], [row], [0.0], reward=float(r)))
+            row += 1
+        out.append(group)
+    return out
+
+
+def test_the_filter_keeps_groups_with_a_signal_renumbered_and_counts_the_rest():
+    kept = GroupFilter(keep=lambda rewards: bool((rewards != rewards[0]).any()), wanted=3)
+    kept.offer(groups([[1, 0], [1, 1], [0, 1]]))           # round 1: the middle group has no signal
+    assert not kept.full and kept.dropped == 1
+    kept.offer(groups([[0, 0], [0, 1], [1, 0]], first=6))  # round 2: one dropped, one kept, one beyond the batch
+    assert kept.full and kept.dropped == 2
+    trajectories = kept.trajectories()
+    assert [t.group for t in trajectories] == [0, 0, 1, 1, 2, 2]
+    assert [t.tokens[-1] for t in trajectories] == [0, 1, 4, 5, 8, 9]
+    batch = to_batch(trajectories, pad_id=0)
+    assert batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert batch["rewards"].tolist() == [1, 0, 0, 1, 0, 1]
 
 
 @pytest.mark.slow
@@ -33,20 +40,21 @@ def test_dynamic_sampling_keeps_only_groups_with_a_signal(quickstart):
     n = cfg.rollout.n
     cfg.rollout.n = 2          # pairs: often both right or both wrong, so some groups are dropped
     try:
-        quickstart.workers.rollout_mode()
         metrics = {}
-        kept, sampled = quickstart.sample(1, Timer(), metrics)
+        kept, sampled = quickstart.source.next_groups(1, quickstart.learner.version, Timer(), metrics)
     finally:
         quickstart.algo_cfg.dynamic_sampling = False
         cfg.rollout.n = n
-    for g in range(kept.groups):
-        r = kept.rewards[kept.group_ids == g]
-        assert len(r) == 2 and (r != r[0]).any(), "a kept group has differing rewards"
+    kept_groups = len({t.group for t in kept})
+    assert [t.group for t in kept] == sorted(t.group for t in kept) == [g for g in range(kept_groups) for _ in "ab"]
+    for g in range(kept_groups):
+        r = [t.reward for t in kept if t.group == g]
+        assert len(r) == 2 and r[0] != r[1], "a kept group has differing rewards"
     rounds, dropped = metrics["sampling/rounds"], metrics["sampling/groups_dropped"]
     # sampling stops as soon as the batch is full, or after the last allowed round
-    assert kept.groups == cfg.trainer.prompts_per_step or rounds == cfg.rollout.max_sampling_rounds
+    assert kept_groups == cfg.trainer.prompts_per_step or rounds == cfg.rollout.max_sampling_rounds
     # everything sampled is accounted for: kept groups + dropped groups + groups beyond the batch's size
     assert len(sampled.total) == rounds * cfg.trainer.prompts_per_step * 2
     assert dropped >= 1, "pairs of samples are often both right or both wrong"
-    assert kept.groups == min(cfg.trainer.prompts_per_step, rounds * cfg.trainer.prompts_per_step - dropped)
-    assert metrics["sampling/groups_kept"] == kept.groups
+    assert kept_groups == min(cfg.trainer.prompts_per_step, rounds * cfg.trainer.prompts_per_step - dropped)
+    assert metrics["sampling/groups_kept"] == kept_groups

@@ -270,7 +270,7 @@ def test_cli_refuses_a_missing_tracker_package_in_one_line_before_anything_start
     assert lines == ["rlcore: error: trainer.loggers includes 'wandb' but the wandb package is not installed: "
                      "pip install 'rlcore[wandb]'"], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run").exists()                  # refused when the Trainer is built: no run directory
+    assert not (tmp_path / "run").exists()                  # refused when the Run is built: no run directory
 
 
 # --- a training run ------------------------------------------------------------------------------------------------

@@ -48,15 +48,15 @@ def test_mistakes_name_the_file_and_what_to_do(tmp_path, content, target, messag
     assert message.format(dir=tmp_path) in str(e.value)
 
 
-def test_the_trainer_scores_with_the_file_reward(tmp_path):
+def test_a_run_scores_with_the_file_reward(tmp_path):
     from rlcore.config import load_config
-    from rlcore.controller import Trainer
     from rlcore.plugins import load_plugins
+    from rlcore.run import Run
 
     (tmp_path / "mine.py").write_text(BATCHED)
     cfg = load_config("quickstart", [f"task.reward_fn={tmp_path}/mine.py:longer_is_better"])
-    trainer = Trainer(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
-    scores = trainer.score(["abcde", "abcdefghijkl"], [{"answer": "1"}, {"answer": "2"}])
+    run = Run(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+    scores = run.rewards(["abcde", "abcdefghijkl"], [{"answer": "1"}, {"answer": "2"}])
     assert scores.total.tolist() == [0.5, 1.0]
 
 

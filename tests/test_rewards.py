@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlcore.errors import RlcoreError
+from rlcore.loop import step
 from rlcore.rewards import RewardComposer, WrongRewardShape, neutral_fill
 from rlcore.specs import RewardSpec
 
@@ -77,13 +78,13 @@ def test_a_training_step_survives_a_raising_reward(quickstart, caplog):
             raise RuntimeError("grader timeout")
         return [float(r.strip() == str(m["answer"])) for r, m in zip(responses, metadata)]
 
-    original = quickstart.rewards
-    quickstart.rewards = RewardComposer([(RewardSpec("flaky", flaky), 1.0)])
+    original = quickstart.source.rewards
+    quickstart.source.rewards = RewardComposer([(RewardSpec("flaky", flaky), 1.0)])
     try:
         with caplog.at_level("WARNING"):
-            metrics = quickstart.step(quickstart.cfg.trainer.steps)
+            metrics = step(quickstart, quickstart.cfg.trainer.steps)
     finally:
-        quickstart.rewards = original
+        quickstart.source.rewards = original
     n = quickstart.cfg.trainer.prompts_per_step * quickstart.cfg.rollout.n
     assert 0 < metrics["reward/failed"] < n, metrics
     assert "grader timeout" in caplog.text

@@ -49,17 +49,17 @@ def cmd_run(args) -> int:
     import torch
 
     from rlcore.checkpoint import how_to_resume
-    from rlcore.controller import Trainer
     from rlcore.errors import WorkerDied
+    from rlcore.run import Run
 
     torch.set_num_threads(1)
-    trainer = Trainer(cfg, plugins)                 # unknown families / algorithms / tasks surface here
+    run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
     try:
-        summary = trainer.run()
+        summary = run.train()
     except WorkerDied as e:
-        raise WorkerDied(f"{e}; {how_to_resume(trainer.run_dir)}") from None
+        raise WorkerDied(f"{e}; {how_to_resume(run.run_dir)}") from None
     finally:
-        trainer.close()
+        run.close()
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     print(f"held-out accuracy (mean@{cfg.trainer.eval_n}): before RL {before:.3f}, after RL {after:.3f} "
           f"({after - before:+.3f})")

@@ -28,7 +28,7 @@ def plot_rewards(history: list[dict], eval_before: dict[str, float], run_dir: st
     """Training reward per step (and a moving average) with the held-out scores at each evaluation (accuracy, and
     per data source / pass@n where there are such; ``eval_before``: the metrics of the evaluation before step 1);
     returns the PNG path."""
-    from rlcore.validation import eval_curves
+    from rlcore.evaluation import eval_curves
 
     import matplotlib
 

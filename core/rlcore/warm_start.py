@@ -26,7 +26,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.errors import RlcoreError
 from rlcore.rewards import Scores
 from rlcore.specs import ModelSpec, Task
-from rlcore.validation import eval_metrics
+from rlcore.evaluation import eval_metrics
 
 log = logging.getLogger(__name__)
 READY = "rlcore_ready.json"

@@ -27,6 +27,6 @@ def rlcore_loggers():
 
 @hookimpl
 def rlcore_configure(config):
-    # The Trainer opens its loggers only after the workers have started (minutes on a cluster): a tracker whose
-    # package is missing is refused here instead, when the Trainer is built, before any model or worker.
+    # A run opens its loggers only after the workers have started (minutes on a cluster): a tracker whose
+    # package is missing is refused here instead, when the Run is built, before any model or worker.
     trackers.check_installed(config.trainer.loggers)

@@ -187,7 +187,7 @@ def test_dry_run_split_is_what_the_plugin_builds(quickstart, dtype, name, fracti
 ])
 def test_offload_fraction_belongs_to_hybrid_adam(overrides, expected):
     """Refused before any worker starts, naming the key, its value and the fix."""
-    from rlcore.controller import Trainer
+    from rlcore.run import Run
 
     with pytest.raises(ConfigError, match=expected):
-        Trainer(load_config("quickstart", overrides), load_plugins(["qwen3", "grpo", "ppo", "vllm"]))
+        Run(load_config("quickstart", overrides), load_plugins(["qwen3", "grpo", "ppo", "vllm"]))

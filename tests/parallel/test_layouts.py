@@ -5,8 +5,8 @@ reusable check, on every rank), and after training the replicas that must agree 
 import pytest
 
 from rlcore.config import load_config
-from rlcore.controller import Trainer
 from rlcore.plugins import load_plugins
+from rlcore.run import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 SHORT_WARM_START = ["warm_start.steps=20", "warm_start.target_accuracy=0"]   # enough for a logprob check
@@ -35,12 +35,12 @@ def run_layout(tmp_path, cache, overrides, steps, plugins=("qwen3", "grpo", "vll
                                      "trainer.eval_every=0", "trainer.export_hf=false", "run.progress=false",
                                      "trainer.loggers=[jsonl]", f"run.dir={tmp_path / 'run'}",
                                      f"warm_start.cache_dir={cache}"])
-    trainer = Trainer(cfg, load_plugins(list(plugins)))
+    run = Run(cfg, load_plugins(list(plugins)))
     try:
-        summary = trainer.run()
-        return summary, trainer.workers.call("fingerprint"), _history(summary["run_dir"])
+        summary = run.train()
+        return summary, run.workers.call("fingerprint"), _history(summary["run_dir"])
     finally:
-        trainer.close()
+        run.close()
 
 
 def _history(run_dir):

@@ -15,9 +15,8 @@ from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch
 from rlcore.engine.hybrid import HybridEngine
 from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
-from rlcore.losses import aggregate, masked_mean
+from rlcore.learner.actor_loss import ActorLoss
 from rlcore.lr_schedule import total_updates
-from rlcore.rollout_correction import correction, mismatch_metrics
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
@@ -209,34 +208,7 @@ class ActorRolloutWorker(Worker):
 
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
-        mode = self.algorithm.loss_agg_mode(self.algo_cfg)
-        entropy_coef, from_rollout = self.cfg.actor.entropy_coef, self.cfg.actor.old_logprobs == "rollout"
-
-        def loss_fn(logp, mb, entropy):
-            mask = mb["response_mask"]
-            if from_rollout:     # the engine's logprobs are the old policy; the mismatch is measured to this pass's
-                old, trainer = mb["rollout_logprobs"], logp.detach()
-            else:                # on-policy, the first update's own forward *is* the old policy: exact, one forward
-                old = trainer = logp.detach() if on_policy else mb["old_logprobs"]
-            # the engine sampled with the old policy's weights: their logprobs should agree; the gap is always
-            # measured, and corrected where the algorithm's rollout_is / rollout_rs_* ask: importance weights on the
-            # advantages (a clipped surrogate is positively homogeneous in them, so this weights the surrogate and
-            # leaves a KL-in-loss term alone, as verl does), rejected sequences out of the mask; the normalisers
-            # stay the mini-batch totals
-            m = mismatch_metrics(trainer, mb["rollout_logprobs"], mask)
-            weights, kept, corrected = correction(old, mb["rollout_logprobs"], mask, self.algo_cfg)
-            advantages = mb["advantages"] if weights is None else mb["advantages"] * weights
-            per_token, loss_metrics = self.algorithm.policy_loss(logp, old, advantages, mask,
-                                                                 mb["ref_logprobs"] if "ref_logprobs" in mb else None,
-                                                                 self.algo_cfg)
-            m.update(loss_metrics)
-            m.update(corrected)
-            if entropy_coef > 0:   # the bonus: higher entropy, lower loss
-                per_token = per_token - entropy_coef * entropy
-            m["actor/entropy"] = masked_mean(entropy.detach(), mask).item()
-            m["rollout/logprob_diff_vs_actor"] = masked_mean((mb["rollout_logprobs"] - trainer).abs(), mask).item()
-            return aggregate(per_token, kept, mode, total_tokens, total_sequences, self.cfg.rollout.max_response_len), m
-
+        loss_fn = ActorLoss(self.algorithm, self.algo_cfg, self.cfg, total_tokens, total_sequences, on_policy)
         metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
         self.engine.mark_updated()
         return metrics

@@ -6,8 +6,28 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from rlcore.config import Config
+    from rlcore.rollout.colocated import ColocatedSource
+    from rlcore.specs import Task
+
+
+def evaluate(source: "ColocatedSource", task: "Task", cfg: "Config", step: int) -> dict[str, float]:
+    """Held-out scores after ``step``, ``trainer.eval_n`` responses per prompt at ``trainer.eval_temperature``;
+    empty when the task has no held-out prompts."""
+    from rlcore.rollout.colocated import prompt_seeds
+
+    prompts, n = task.eval_prompts(), cfg.trainer.eval_n
+    if not prompts:
+        return {}
+    source.sync()
+    _, scores = source.groups(prompts, n, cfg.trainer.eval_temperature, prompt_seeds(len(prompts), cfg.run.seed,
+                                                                                       "eval", step))
+    return eval_metrics(scores.total.view(len(prompts), n), [m.get("data_source", "") for _, m in prompts])
 
 
 def eval_metrics(rewards: torch.Tensor, sources: list[str]) -> dict[str, float]:

@@ -6,7 +6,7 @@ import torch
 
 from rlcore.config import load_config
 from rlcore.errors import ConfigError
-from rlcore.validation import eval_curves, eval_metrics
+from rlcore.evaluation import eval_curves, eval_metrics
 
 
 def test_mean_and_pass_at_n_overall_and_per_source():

@@ -1,0 +1,91 @@
+"""The learning side: from a batch of trajectories to updated weights — the old policy's and the reference's
+logprobs, the critic's values, the algorithm's advantages, and the mini-batch updates of the critic and the actor
+(the actor's loss: ``actor_loss``). ``version`` counts the actor's updates: a row whose version equals it was
+sampled by the weights about to be updated."""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from rlcore.config import Config
+from rlcore.data import Batch
+from rlcore.errors import RlcoreError
+from rlcore.specs import Algorithm
+
+if TYPE_CHECKING:
+    from rlcore.workers.group import WorkerGroup
+
+Timer = Callable[[str], AbstractContextManager]
+
+
+class Learner:
+    def __init__(self, cfg: Config, actor: "WorkerGroup", critic: "WorkerGroup | None", algorithm: Algorithm,
+                 algo_cfg: Any):
+        self.cfg, self.actor, self.critic, self.algorithm, self.algo_cfg = cfg, actor, critic, algorithm, algo_cfg
+        self.version = 0
+
+    def on_policy(self, batch: Batch) -> bool:
+        """Every row sampled by the current weights, and this batch their only update: the update's own forward is
+        then the old policy (no separate pass)."""
+        single_update = self.cfg.actor.mini_batches == 1 and self.cfg.actor.epochs == 1
+        return single_update and bool((batch["version"] == self.version).all())
+
+    def update(self, batch: Batch, step: int, timer: Timer) -> dict[str, float]:
+        """One step's learning on ``batch``; returns its metrics. The actor trains from ``critic.warmup_steps`` on."""
+        cfg, algorithm, algo_cfg = self.cfg, self.algorithm, self.algo_cfg
+        on_policy = self.on_policy(batch)
+        metrics: dict[str, float] = {}
+        self.actor.train_mode()
+        with timer("logprobs"):
+            if cfg.actor.old_logprobs == "rollout":     # the engine's own: no forward pass
+                batch["old_logprobs"] = batch["rollout_logprobs"]
+            elif not on_policy or algorithm.needs_old_logprobs(algo_cfg):
+                batch["old_logprobs"] = self.actor.logprobs(batch)
+            if algorithm.needs_reference(algo_cfg):
+                batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
+        if self.critic is not None:
+            with timer("values"):
+                self.critic.call("wake")
+                batch["values"] = self.critic.values(batch)
+        advantages, adv_metrics = algorithm.advantages(batch, algo_cfg)
+        batch["advantages"] = advantages
+        mask = batch["response_mask"]
+        metrics.update(adv_metrics)
+        metrics.update(token_stats("advantage", advantages, mask))
+        if self.critic is not None:
+            if "returns" not in batch:
+                raise RlcoreError(f"algorithm {algorithm.name!r} trains a critic but its advantages() left no "
+                                  f"batch['returns'] (the critic's targets): the plugin must store them")
+            metrics.update(token_stats("returns", batch["returns"], mask))
+            metrics.update(token_stats("values", batch["values"], mask))
+            with timer("critic"):
+                metrics.update(mini_batch_updates(self.critic, cfg.critic, batch))
+                self.critic.call("sleep")
+        if self.critic is None or step > cfg.critic.warmup_steps:
+            with timer("train"):
+                metrics.update(mini_batch_updates(self.actor, cfg.actor, batch, on_policy))
+            self.version += 1
+        return metrics
+
+
+def mini_batch_updates(group: "WorkerGroup", model_cfg, batch: Batch, *args) -> dict[str, float]:
+    """``epochs`` passes of ``mini_batches`` optimizer updates over the batch, for the actor's or the critic's
+    workers; returns the mean of each metric."""
+    size = -(-len(batch) // model_cfg.mini_batches)
+    collected: dict[str, list[float]] = {}
+    for _ in range(model_cfg.epochs):
+        for mini in batch.split(size):
+            for k, v in group.train_step(mini, *args).items():
+                collected.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in collected.items()}
+
+
+def token_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std, min and max of a per-token tensor over the response tokens."""
+    picked = values[mask > 0]
+    if not len(picked):
+        return {}
+    return {f"{name}/mean": float(picked.mean()), f"{name}/std": float(picked.std()) if len(picked) > 1 else 0.0,
+            f"{name}/min": float(picked.min()), f"{name}/max": float(picked.max())}

@@ -1,0 +1,161 @@
+"""A run's parts and its bookkeeping: the parts built from the registry (checked before any process starts), the run
+directory, the starting model, the workers, the rollout source, the learner and the loggers; checkpoints, resume,
+the HF export and the summary. The loop itself is ``rlcore.loop``."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from rlcore import checkpoint
+from rlcore.checkpoint import Checkpointer, resolve_resume
+from rlcore.config import Config, bind_plugin_section, check_runnable_here, save_config, to_dict
+from rlcore.errors import RlcoreError
+from rlcore.learner import Learner
+from rlcore.plugins import LoadedPlugins
+from rlcore.preflight import check_optimizers, check_rollout_backend
+from rlcore.rewards import build_rewards
+from rlcore.rollout.colocated import ColocatedSource
+from rlcore.rollout_correction import check_old_logprobs_source
+from rlcore.warm_start import prepare_model
+
+if TYPE_CHECKING:
+    from rlcore.workers.group import WorkerGroup
+
+log = logging.getLogger(__name__)
+
+
+class Run:
+    """Built from the config and the selected plugins; ``train()`` starts the workers and runs the loop."""
+
+    def __init__(self, cfg: Config, plugins: LoadedPlugins):
+        check_runnable_here(cfg)
+        self.cfg, self.plugins = cfg, plugins
+        reg = plugins.registry
+        self.spec = reg.get("models", cfg.model.family)
+        self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
+        check_old_logprobs_source(cfg.actor.old_logprobs, self.algo_cfg)
+        task_spec = reg.get("tasks", cfg.task.name)
+        self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
+        self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg)
+        reg.get("rollout_backends", cfg.rollout.backend)
+        reg.get("optimizers", cfg.actor.optim.name)
+        check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
+        self._workers: WorkerGroup | None = None
+        self.critic: WorkerGroup | None = None
+        self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
+        self.loggers: list = []
+        plugins.hook.rlcore_configure(config=cfg)
+
+    def train(self) -> dict:
+        """Set up, run ``trainer.steps`` steps (``rlcore.loop``), finish; returns the summary."""
+        from rlcore.loop import train
+
+        return train(self)
+
+    # --- setup ---------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        from rlcore.megatron import patches
+        from rlcore.megatron.model import check_model_config, read_hf_config
+        from rlcore.workers.group import WorkerGroup
+
+        cfg = self.cfg
+        self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.resume_from = resolve_resume(self.run_dir, cfg.trainer.resume)   # refused here, before workers start
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump({"config": to_dict(cfg), "plugins": self.plugins.describe(), "shims": patches.describe()}, f,
+                      indent=2, default=str)
+        save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
+        self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
+                                         cfg.trainer.checkpoint_async)
+        self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards)
+        hf_config = read_hf_config(self.model_path)
+        try:
+            check_model_config(self.spec, hf_config, cfg.actor.dtype)
+        except ValueError as e:        # refused here, before any worker starts
+            raise RlcoreError(f"model.path {self.model_path}: {e}") from e
+        check_rollout_backend(cfg, self.plugins.registry, hf_config)
+        self.hf_config = hf_config
+        if self.resume_from:
+            checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),
+                                        to_dict(cfg))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.eos_id = self.tokenizer.eos_token_id
+        self.task.bind_tokenizer(self.tokenizer)
+        self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
+        if self.algorithm.needs_critic(self.algo_cfg):
+            from rlcore.workers.critic import CriticWorker
+
+            if self.algorithm.value_loss is None:
+                raise RlcoreError(f"algorithm {self.algorithm.name!r} asks for a critic but registers no value_loss")
+            self.critic = WorkerGroup(cfg, self.plugins.selection, self.model_path, CriticWorker,
+                                      cfg.critic.world_size or cfg.trainer.world_size)
+            self.critic.call("sleep")
+        self.source = ColocatedSource(cfg, self.workers, self.task, self.tokenizer,
+                                      hf_config["max_position_embeddings"], self.rewards,
+                                      lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg))
+        self.learner = Learner(cfg, self.workers, self.critic, self.algorithm, self.algo_cfg)
+        for logger_class in self.logger_classes:
+            logger = logger_class()
+            try:
+                logger.open(self.run_dir, cfg)
+            except BaseException:           # the ones already open are closed (a tracker run left open hangs)
+                self.close_loggers()
+                raise
+            self.loggers.append(logger)
+
+    @property
+    def workers(self) -> WorkerGroup:
+        """The actor's workers, started by ``setup()``."""
+        if self._workers is None:
+            raise RlcoreError("the run has no workers: setup() has not run, or close() has stopped them")
+        return self._workers
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+    def trained_groups(self) -> dict[str, "WorkerGroup"]:
+        return {"actor": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
+
+    def save_checkpoint(self, step: int, eval_before: dict) -> float:
+        """The run's state after ``step`` (``rlcore.checkpoint``); returns the seconds it took."""
+        self.workers.train_mode()
+        state = {"task": self.task.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
+                 "eval_before": eval_before, "learner_version": self.learner.version, "config": to_dict(self.cfg),
+                 "plugins": self.plugins.describe(),
+                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config}}
+        return self.checkpointer.save(step, self.trained_groups(), state, self.tokenizer)
+
+    def restore(self, path: str) -> tuple[int, dict]:
+        """Continue from checkpoint ``path``: the models, optimizers and generators, the task's sampler, the
+        algorithm's state and the learner's version. Returns the step it was saved after and the evaluation before
+        step 1."""
+        log.warning("resuming from %s", path)
+        self.workers.train_mode()
+        state = checkpoint.load(path, self.trained_groups())
+        self.task.load_state_dict(state["task"])
+        self.algorithm.load_state(self.algo_cfg, state["algorithm"])
+        self.learner.version = state.get("learner_version", state["step"])   # saved before it was kept: one a step
+        return state["step"], state["eval_before"]
+
+    # --- the end -------------------------------------------------------------------------------------------------
+    def export_hf(self, directory: str) -> str:
+        """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
+        self.workers.call("export_hf", directory)
+        self.tokenizer.save_pretrained(directory)
+        self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
+        return directory
+
+    def close_loggers(self) -> None:
+        while self.loggers:
+            self.loggers.pop().close()
+
+    def close(self) -> None:
+        for group in (self.critic, self._workers):
+            if group is not None:
+                group.stop()
+        self._workers = self.critic = None

@@ -1,0 +1,76 @@
+"""The trajectory: one episode, the unit that flows from the rollout side to the learning side.
+
+An episode is any number of turns, so it is kept flat: ``tokens`` (the prompt, what the policy sampled, and any
+observation or tool tokens in between), with ``loss_mask`` true only where the policy sampled the token and the
+behaviour ``logprobs`` aligned with the tokens. Nothing here assumes one prompt followed by one contiguous response,
+or that the current weights sampled it: ``version`` records the weights that did (the oldest and the newest, when
+an episode spans a weight push). ``to_batch`` turns trajectories into the training batch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from rlcore.data import Batch
+
+
+@dataclass
+class Trajectory:
+    tokens: list[int]
+    loss_mask: list[bool]            # per token: the policy sampled it (trained on); prompt and observations: False
+    logprobs: list[float]            # per token: the behaviour policy's logprob where sampled, 0.0 elsewhere
+    group: int = 0                   # trajectories of one prompt share a group (advantages compare within it)
+    version: tuple[int, int] = (0, 0)   # the weights that sampled it: oldest, newest
+    finish: str = "stop"             # stop | length | abort
+    reward: float = 0.0              # the training reward (a failed reward filled in neutrally, see rewards.py)
+    failed: bool = False             # the reward failed: trained on nothing
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not len(self.tokens) == len(self.loss_mask) == len(self.logprobs):
+            raise ValueError(f"a trajectory's tokens ({len(self.tokens)}), loss_mask ({len(self.loss_mask)}) and "
+                             f"logprobs ({len(self.logprobs)}) must align")
+
+    @staticmethod
+    def single_turn(prompt: Sequence[int], response: Sequence[int], logprobs: Sequence[float], **fields
+                    ) -> "Trajectory":
+        """A prompt and one sampled response."""
+        return Trajectory(tokens=[*prompt, *response], loss_mask=[False] * len(prompt) + [True] * len(response),
+                          logprobs=[0.0] * len(prompt) + list(logprobs), **fields)
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens before the first sampled one (all of them if none was sampled)."""
+        return next((i for i, sampled in enumerate(self.loss_mask) if sampled), len(self.tokens))
+
+    @property
+    def response_len(self) -> int:
+        """Tokens from the first sampled one on (observations between turns included)."""
+        return len(self.tokens) - self.prompt_len
+
+
+def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
+    """The training batch: right-padded ``input_ids``; per-token tensors aligned with *label* positions (position
+    t scores token t + 1): ``response_mask`` (the loss mask; a failed trajectory trains nothing) and
+    ``rollout_logprobs``; per row ``prompt_len``, ``response_len``, ``rewards``, ``group_ids`` and ``version``
+    (the newest weights that sampled it). ``meta`` holds each trajectory's metadata."""
+    n = len(trajectories)
+    width = max(len(t.tokens) for t in trajectories)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)
+    logprobs = torch.zeros((n, width), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        length = len(t.tokens)
+        input_ids[i, :length] = torch.tensor(t.tokens, dtype=torch.long)
+        if not t.failed:          # label position j - 1 scores token j
+            loss_mask[i, : length - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
+        logprobs[i, : length - 1] = torch.tensor(t.logprobs[1:], dtype=torch.float32)
+    return Batch({"input_ids": input_ids, "response_mask": loss_mask,
+                  "prompt_len": torch.tensor([t.prompt_len for t in trajectories]),
+                  "response_len": torch.tensor([t.response_len for t in trajectories]),
+                  "rollout_logprobs": logprobs,
+                  "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+                  "group_ids": torch.tensor([t.group for t in trajectories], dtype=torch.long),
+                  "version": torch.tensor([t.version[1] for t in trajectories], dtype=torch.long)},
+                 [t.metadata for t in trajectories])
