@@ -7,7 +7,7 @@ import torch
 
 from rlcore.errors import ConfigError
 from rlcore.losses import aggregate, check_policy_loss_options
-from rlcore.rollout_correction import correction, mismatch_metrics, rejection_mask, tis_weights
+from rlcore.rollout_correction import RolloutCorrection, correction, mismatch_metrics, rejection_mask, tis_weights
 
 LN2 = math.log(2.0)
 # sequence 0: log-ratios (trainer - rollout) ln2, -ln2, ln2 (product of ratios 2, geometric mean 2^(1/3));
@@ -78,17 +78,13 @@ def test_an_empty_sequence_is_never_counted_as_rejected():
 
 
 @dataclass
-class Options:
+class Options(RolloutCorrection):
     loss_agg_mode: str = "token-mean"
     kl_estimator: str = "k3"
     kl_coef: float = 0.0
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 0.0
-    rollout_is: str = "none"
-    rollout_is_threshold: float = 2.0
-    rollout_rs_low: float = 0.0
-    rollout_rs_high: float = 0.0
 
 
 def test_defaults_correct_nothing():

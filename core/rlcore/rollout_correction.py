@@ -17,6 +17,8 @@ loss, as importance weights are), and log-ratios are clamped before ``exp`` so n
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlcore.losses import LOG_RATIO_BOUND, masked, masked_mean
@@ -91,19 +93,37 @@ def rejection_mask(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: tor
                                                               mask).item()}
 
 
+@dataclass
+class RolloutCorrection:
+    """The correction's options, defined once: an algorithm's config dataclass takes them by inheriting this (its
+    ``__post_init__`` calling ``check_correction_options``, as ``check_policy_loss_options`` does); they are
+    ``algorithm.rollout_*`` keys. All off by default."""
+    rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
+                                         # truncated importance weights per token or per sequence (none = off)
+    rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
+    rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
+    rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
+
+    @property
+    def asked(self) -> list[str]:
+        """The options set away from off, as ``key=value``."""
+        return [f"{key}={getattr(self, key)}" for key, off in (("rollout_is", "none"), ("rollout_rs_low", 0.0),
+                                                               ("rollout_rs_high", 0.0)) if getattr(self, key) != off]
+
+
 def correction(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
                cfg) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """The algorithm config's correction (``rollout_is``, ``rollout_is_threshold``, ``rollout_rs_low/high``; a
-    config without them has none): the per-token weights for the policy loss (None when IS is off), the mask to
-    aggregate with (rejected sequences zeroed) and the metrics of both. All off: (None, mask, {})."""
-    level = getattr(cfg, "rollout_is", "none")
-    low, high = getattr(cfg, "rollout_rs_low", 0.0), getattr(cfg, "rollout_rs_high", 0.0)
+    """The correction an algorithm config asks for (a ``RolloutCorrection``; any other config has none): the
+    per-token weights for the policy loss (None when IS is off), the mask to aggregate with (rejected sequences
+    zeroed) and the metrics of both. All off: (None, mask, {})."""
     weights: torch.Tensor | None = None
     metrics: dict[str, float] = {}
-    if level != "none":
-        weights, metrics = tis_weights(old_logp, rollout_logp, mask, level, cfg.rollout_is_threshold)
-    if low > 0 or high > 0:
-        mask, rejected = rejection_mask(old_logp, rollout_logp, mask, low, high)
+    if not isinstance(cfg, RolloutCorrection):
+        return weights, mask, metrics
+    if cfg.rollout_is != "none":
+        weights, metrics = tis_weights(old_logp, rollout_logp, mask, cfg.rollout_is, cfg.rollout_is_threshold)
+    if cfg.rollout_rs_low > 0 or cfg.rollout_rs_high > 0:
+        mask, rejected = rejection_mask(old_logp, rollout_logp, mask, cfg.rollout_rs_low, cfg.rollout_rs_high)
         metrics.update(rejected)
     return weights, mask, metrics
 
@@ -113,11 +133,9 @@ def check_old_logprobs_source(source: str, cfg) -> None:
     correction's ratios would all be 1, so asking for one is a mistake worth naming."""
     from rlcore.errors import ConfigError
 
-    if source != "rollout":
+    if source != "rollout" or not isinstance(cfg, RolloutCorrection):
         return
-    asked = [f"{key}={getattr(cfg, key)}" for key, off in (("rollout_is", "none"), ("rollout_rs_low", 0.0),
-                                                           ("rollout_rs_high", 0.0))
-             if getattr(cfg, key, off) != off]
+    asked = cfg.asked
     if asked:
         raise ConfigError(f"actor.old_logprobs=rollout with algorithm.{', algorithm.'.join(asked)}: the policy's "
                           f"ratio is then against the rollout's logprobs, so the correction's ratios would all be "
@@ -128,7 +146,7 @@ def check_correction_options(cfg) -> None:
     """Validate the correction keys of an algorithm config that has them (one line naming the key)."""
     from rlcore.errors import ConfigError
 
-    if not hasattr(cfg, "rollout_is"):
+    if not isinstance(cfg, RolloutCorrection):
         return
     if cfg.rollout_is not in IS_LEVELS:
         raise ConfigError(f"algorithm.rollout_is = {cfg.rollout_is!r}: use one of {', '.join(IS_LEVELS)}")

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.losses import check_policy_loss_options, clipped_surrogate, with_kl_loss
+from rlcore.rollout_correction import RolloutCorrection
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RolloutCorrection):   # + algorithm.rollout_* (rlcore.rollout_correction)
     name: str = "grpo"
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
@@ -24,11 +25,6 @@ class GRPOConfig:
     overlong_penalty: float = 1.0        # the penalty at overlong_max_len tokens, linear from 0 over the buffer
     dynamic_sampling: bool = False       # DAPO: drop groups whose rewards are all equal (no signal) and sample
                                          # more prompts in their place (up to rollout.max_sampling_rounds)
-    rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
-                                         # truncated importance weights per token or per sequence (none = off)
-    rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
-    rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
-    rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
 
     def __post_init__(self):
         from rlcore.errors import ConfigError

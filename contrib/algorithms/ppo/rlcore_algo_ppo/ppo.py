@@ -10,12 +10,13 @@ from rlcore.data import Batch
 from rlcore.errors import ConfigError
 from rlcore.losses import (check_policy_loss_options, clipped_surrogate, kl_estimate, masked_mean, masked_whiten,
                            with_kl_loss)
+from rlcore.rollout_correction import RolloutCorrection
 
 KL_PLACES = ("reward", "loss")
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(RolloutCorrection):   # + algorithm.rollout_* (rlcore.rollout_correction)
     name: str = "ppo"
     gamma: float = 1.0                   # discount per token
     lam: float = 0.95                    # GAE's lambda: 1 = Monte-Carlo returns minus V, 0 = one-step TD
@@ -31,11 +32,6 @@ class PPOConfig:
     kl_target: float = 0.0               # > 0: adapt kl_coef toward this KL per token (reward placement only)
     kl_horizon: int = 10000              # adaptive: samples over which kl_coef moves by at most a factor e^0.2
     loss_agg_mode: str = "token-mean"
-    rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
-                                         # truncated importance weights per token or per sequence (none = off)
-    rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
-    rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
-    rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
 
     def __post_init__(self):
         check_policy_loss_options(self)
