@@ -2,7 +2,7 @@
 stands in for the engine here because this is pure control logic; tests/test_weight_sync.py uses real vLLM."""
 import torch
 
-from rlcore.engine.hybrid import HybridEngine
+from rlcore.weight_sync.hybrid import HybridEngine
 from rlcore.specs import RolloutBackend
 
 

@@ -3,7 +3,7 @@ and the check does fail when the engine holds stale weights."""
 import pytest
 import torch
 
-from rlcore.engine.logprob_check import check_logprobs, compare_logprobs, fixed_probe
+from rlcore.weight_sync.logprob_check import check_logprobs, compare_logprobs, fixed_probe
 from rlcore.errors import RlcoreError
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ def checkpoint_hf_weights(directory: str, spec: ModelSpec, hf_config: dict, dtyp
     """The HF tensors of the model saved in ``directory`` (megatron-core's distributed checkpoint of rlcore's
     ``save_model``), as their list and a stream that reads ``bucket_bytes`` of Megatron tensors at a time. Needs a
     world of one (``init_parallel()``)."""
-    from rlcore.engine.reshard import named_weights
+    from rlcore.weight_sync.reshard import named_weights
     from rlcore.megatron.model import build_gpt
 
     model, converter = build_gpt(spec, hf_config, dtype, structure_only=True)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
-from rlcore.engine.reshard import Resharder
+from rlcore.weight_sync.reshard import Resharder
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.hf_to_megatron import ConvertedWeights
 from rlcore.megatron.model import build_gpt, save_hf

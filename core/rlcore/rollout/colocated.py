@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from rlcore.config import Config
-from rlcore.engine.logprob_check import fixed_probe, raise_if_disagree
+from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
 from rlcore.rollout.groups import GroupFilter

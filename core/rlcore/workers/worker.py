@@ -13,8 +13,8 @@ import torch
 
 from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch
-from rlcore.engine.hybrid import HybridEngine
-from rlcore.engine.logprob_check import LogprobComparison, compare_logprobs
+from rlcore.weight_sync.hybrid import HybridEngine
+from rlcore.weight_sync.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.learner.actor_loss import ActorLoss
 from rlcore.lr_schedule import total_updates
 
@@ -230,7 +230,7 @@ class ActorRolloutWorker(Worker):
         ones (a missing grad all-reduce shows here)."""
         from megatron.core import parallel_state as mpu
 
-        from rlcore.engine.reshard import is_expert
+        from rlcore.weight_sync.reshard import is_expert
 
         sums = {"experts": 0.0, "sharded": 0.0, "replicated": 0.0}
         for p in self.actor.model.parameters():

@@ -1,1 +1,0 @@
-"""The hybrid engine: actor and rollout engine share devices; weights move train -> rollout every step."""
