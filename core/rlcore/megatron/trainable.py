@@ -85,6 +85,15 @@ def to_device(moved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         t.copy_(host, non_blocking=True)
 
 
+OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
+
+
+def offloaded_parts(offload) -> list[str]:
+    """What an ``offload`` config section (actor.offload, critic.offload) moves to host memory, in the one order
+    every trainable offloads in: the optimizer's state first, the parameters last (a weight push reads them)."""
+    return [what for what in OFFLOAD_ORDER if offload is not None and getattr(offload, what)]
+
+
 class MegatronTrainable:
     """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)

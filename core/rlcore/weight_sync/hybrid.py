@@ -13,6 +13,7 @@ from typing import Iterator
 
 import torch
 
+from rlcore.megatron.trainable import offloaded_parts
 from rlcore.specs import RolloutBackend
 
 
@@ -30,7 +31,7 @@ class HybridEngine:
         """``in_sync``: the engine was started from the checkpoint the actor loaded, so no first push is needed.
         ``offload``: which of params / grads / optimizer the actor moves to host memory in rollout mode."""
         self.actor, self.rollout = actor, rollout
-        self.offloaded = [k for k in ("optimizer", "grads", "params") if offload and getattr(offload, k)]
+        self.offloaded = offloaded_parts(offload)
         self.mode = self.TRAIN
         self.weights_version = 0                      # actor updates since construction
         self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds
@@ -63,9 +64,8 @@ class HybridEngine:
             return
         if self.rollout.can_release_memory:
             self._do("release_rollout_memory", self.rollout.release_memory)
-        for what in ("params", "grads", "optimizer"):
-            if what in self.offloaded:
-                self._do(f"onload_{what}", self.actor.onload, what)
+        for what in reversed(self.offloaded):
+            self._do(f"onload_{what}", self.actor.onload, what)
         self.mode = self.TRAIN
 
     def _do(self, step: str, fn, *args) -> None:

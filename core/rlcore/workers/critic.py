@@ -10,10 +10,8 @@ from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.losses import aggregate
 from rlcore.lr_schedule import total_updates
+from rlcore.megatron.trainable import offloaded_parts
 from rlcore.workers.worker import Worker, parallel_coords
-
-OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
-
 
 class CriticWorker(Worker):
     role = "critic"
@@ -30,7 +28,7 @@ class CriticWorker(Worker):
                                      reg.get("optimizers", cfg.critic.optim.name), hf_state=starting_weights(path),
                                      seed=cfg.run.seed, total_updates=total_updates(cfg.trainer.steps, cfg.critic))
         self.trainable = self.critic
-        self.offloaded = [what for what in OFFLOAD_ORDER if getattr(cfg.critic.offload, what)]
+        self.offloaded = offloaded_parts(cfg.critic.offload)
         self.coords = parallel_coords(rank)
 
     def get_coords(self):
