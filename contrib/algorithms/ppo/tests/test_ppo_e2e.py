@@ -26,9 +26,11 @@ def rlcore_run(run_dir, *overrides, timeout=900):
 def test_ppo_learns_the_quickstart(tmp_path):
     summary, history = rlcore_run(tmp_path / "run", "trainer.steps=60", "critic.optim.lr=0.001",
                                   f"warm_start.cache_dir={tmp_path / 'warm_start'}")
-    first, last, z = reward_gain(history)       # measured: 0.24 -> 0.37 over 60 steps, z = 4.7
-    assert z > 3, (first, last, z)
-    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"], summary
+    # measured from the quickstart's warm start (to 0.5 held-out accuracy): training reward 0.387 -> 0.458 over
+    # 60 steps (z = 3.0), held-out accuracy 0.57 -> 0.685 (+0.08 is about two standard errors over 200 prompts)
+    first, last, z = reward_gain(history)
+    assert z > 2, (first, last, z)
+    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.08, summary
     assert history[0]["values/mean"] == 0.0, "the value head starts at zero"
     assert history[-1]["values/mean"] > 0.1, "the critic learned the return level"
     for key in ("critic/value_loss", "critic/explained_variance", "returns/mean", "advantage/std", "actor/entropy"):
