@@ -56,6 +56,8 @@ def test_rloo_learns_the_quickstart(tmp_path):
     provenance = json.load(open(run / "run.json"))
     assert {p["name"] for p in provenance["plugins"]} == {"builtin", "qwen3", "rloo", "vllm"}
     history = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    first, last, z = reward_gain(history)       # measured: 0.24 -> 0.36 over 60 steps, z = 5.1
-    assert z > 3, (first, last, z)
-    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"], summary
+    # measured from the quickstart's warm start (to 0.5 held-out accuracy): training reward 0.380 -> 0.469 over
+    # 60 steps (z = 3.0), held-out accuracy 0.57 -> 0.69 (+0.08 is about two standard errors over 200 prompts)
+    first, last, z = reward_gain(history)
+    assert z > 2, (first, last, z)
+    assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.08, summary
