@@ -9,6 +9,7 @@ accuracy), so with ``warm_start.target_accuracy`` it evaluates every ``eval_ever
 evaluation that reaches the target; the learning rate decays (cosine) over ``steps``, the most it may take."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -72,12 +73,27 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score) -> str
         progress=cfg.run.progress)
     # in HF's sharded layout (files of 1 MB, with an index), as large published checkpoints come: every run of the
     # tiny model then loads a multi-file checkpoint into the actor, the critic and the rollout engine
-    model.save_pretrained(tmp, max_shard_size="1MB")
+    with _quiet_transformers():
+        model.save_pretrained(tmp, max_shard_size="1MB")
     with open(os.path.join(tmp, READY), "w") as f:
         json.dump({**trained, "seconds": time.perf_counter() - start}, f)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No progress bar of transformers' own (its shard writer's) beside the warm start's."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 class WarmStart:
