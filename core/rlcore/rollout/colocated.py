@@ -82,16 +82,17 @@ class ColocatedSource:
         with timer("rollout"):
             generated = self.workers.generate(prompt_ids, n=n, temperature=temperature,
                                               max_tokens=self.cfg.rollout.max_response_len, seeds=seeds)
-        flat = [(ids, g, meta, i) for i, (ids, (_, meta), group) in enumerate(zip(prompt_ids, prompts, generated))
-                for g in group]
+        rows = [(i, g) for i, group in enumerate(generated) for g in group]     # prompt index, generation
         with timer("reward"):
-            scores = self.score([self.decode(g.token_ids) for _, g, _, _ in flat], [meta for _, _, meta, _ in flat])
-        rewards = neutral_fill(scores.total, scores.failed, torch.tensor([f[3] for f in flat])).float()
-        trajectories = [Trajectory.single_turn(ids, g.token_ids, g.logprobs, group=i, version=(version, version),
-                                               finish=g.finish_reason, reward=float(rewards[row]),
-                                               failed=bool(scores.failed[row]), metadata=meta)
-                        for row, (ids, g, meta, i) in enumerate(flat)]
-        return [trajectories[i * n:(i + 1) * n] for i in range(len(prompts))], scores
+            scores = self.score([self.decode(g.token_ids) for _, g in rows], [prompts[i][1] for i, _ in rows])
+        rewards = neutral_fill(scores.total, scores.failed, torch.tensor([i for i, _ in rows])).float()
+        groups: list[list[Trajectory]] = [[] for _ in prompts]
+        for row, (i, g) in enumerate(rows):
+            groups[i].append(Trajectory.single_turn(prompt_ids[i], g.token_ids, g.logprobs, group=i,
+                                                    version=(version, version), finish=g.finish_reason,
+                                                    reward=float(rewards[row]), failed=bool(scores.failed[row]),
+                                                    metadata=prompts[i][1]))
+        return groups, scores
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
     def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
