@@ -66,7 +66,12 @@ def checkpoint_writes_without_a_spawned_manager() -> None:
     this process reaches the pipe only later, through a feeder thread, and a forked writer's put of more than a pipe
     buffer of results would block its exit until read.) The forked Manager exits with this process: it holds a copy
     of every descriptor this process had, Ray's connection to a worker among them, and outliving a killed worker it
-    would hide the worker's death from Ray (the run would wait on the dead worker forever)."""
+    would hide the worker's death from Ray (the run would wait on the dead worker forever).
+
+    Each save gets a queue of its own (megatron-core hands every save the one process-wide queue): a finished save
+    takes the first result in its queue as its own, so two saves in flight in one process (a world-of-one run's
+    actor and critic, saved together) could each take the other's write results and record the other's file
+    offsets in their metadata: a checkpoint that reads back garbage (seen: kill-and-resume of PPO under load)."""
     import multiprocessing
     from multiprocessing.managers import SyncManager
 
@@ -74,14 +79,14 @@ def checkpoint_writes_without_a_spawned_manager() -> None:
 
     if getattr(filesystem_async._get_write_results_queue, "_rlcore", False):
         return
-    results: list = []
+    managers: list[SyncManager] = []
 
     def forked_manager_queue():
-        if not results:
+        if not managers:
             manager = SyncManager(ctx=multiprocessing.get_context("fork"))
             manager.start(initializer=exit_with_parent)
-            results.append(manager.Queue())
-        return results[0]
+            managers.append(manager)
+        return managers[0].Queue()
 
     forked_manager_queue._rlcore = True  # type: ignore[attr-defined]
     filesystem_async._get_write_results_queue = forked_manager_queue
