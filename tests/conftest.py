@@ -1,5 +1,8 @@
-"""Shared, expensive fixtures: one short quickstart run (real megatron-core, real vLLM) per test session."""
+"""Shared, expensive fixtures: one short quickstart run (real megatron-core, real vLLM) per test process (each
+pytest-xdist worker whose tests use it), its warm start built once for the whole run."""
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +13,47 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]
 
 
+def shared_tmp(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this test run sees (the workers' base temps are its subfolders);
+    without xdist, this process's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def warm_start_cache(tmp_path_factory):
-    """One warm-start cache per test session: the quickstart's supervised warm start runs once."""
-    return tmp_path_factory.mktemp("warm_start_cache")
+    """This test process's warm-start cache, holding the quickstart's starting checkpoint from the start. That entry,
+    which most runs start from, is built once for the whole test run: under a file lock in a folder every xdist
+    worker sees, by the first worker to get here, while the other waits; each worker gets a copy (4 MB). The cache
+    itself is not shared: rlcore publishes an entry it has built by removing any entry of the same settings and
+    renaming its own into place, so two workers building the same settings at once would remove one from under the
+    other's runs."""
+    from filelock import FileLock
+
+    shared = shared_tmp(tmp_path_factory) / "warm_start_quickstart"
+    with FileLock(f"{shared}.lock"):
+        built = _prepare_quickstart_model(shared)
+    cache = tmp_path_factory.mktemp("warm_start_cache")
+    shutil.copytree(built, cache / os.path.basename(built))
+    return cache
+
+
+def _prepare_quickstart_model(cache) -> str:
+    """The quickstart's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path."""
+    import torch
+
+    from rlcore.config import load_config
+    from rlcore.plugins import load_plugins
+    from rlcore.rewards import build_rewards
+    from rlcore.warm_start import prepare_model
+
+    cfg = load_config("quickstart", [f"warm_start.cache_dir={cache}"])
+    registry = load_plugins(["qwen3", "grpo", "vllm"]).registry
+    task_spec = registry.get("tasks", cfg.task.name)
+    task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
+    with torch.random.fork_rng():       # the worker's random state stays as the tests after it expect
+        return prepare_model(cfg, registry.get("models", cfg.model.family), task,
+                             build_rewards(cfg.task, task_spec.default_reward, task.data_sources(), registry))
 
 
 @pytest.fixture(scope="session")
