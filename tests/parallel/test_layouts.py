@@ -68,8 +68,26 @@ def assert_replicas_agree(prints):
 VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"})
 
 
+@pytest.fixture
+def stale_vllm_segments(layout):
+    """For rollout.tp=2: the /dev/shm segments a killed tensor-parallel vLLM engine leaves under vLLM's own names,
+    which every such engine on the host used to ask for (the next start failed: 'create shm ... errno: 17')."""
+    import pathlib
+
+    planted = []
+    if "rollout.tp=2" in LAYOUTS[layout]:
+        for rank in (0, 1):
+            path = pathlib.Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{rank}")
+            if not path.exists():
+                path.write_bytes(b"left by a killed run")
+                planted.append(path)
+    yield
+    for path in planted:
+        path.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS)
-def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
+def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout, stale_vllm_segments):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS[layout], steps=3)
     assert len(history) == 3
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history), [h["check/logprob_max_diff"] for h in history]

@@ -26,6 +26,10 @@ class VLLMRollout(RolloutBackend):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        if distributed and not torch.cuda.is_available():
+            from rlcore_rollout_vllm.cpu_shm_names import run_scoped_shm_names
+
+            run_scoped_shm_names()
         self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
                        kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
