@@ -99,14 +99,10 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
     logits = model(ids).logits
     assert torch.equal(logits, reference(ids).logits)
     # vLLM serves the exported files: its teacher-forced logprobs equal transformers'
-    from rlcore.testing_rollout import RegisteredBackend, SubprocessBackend
+    from rlcore.testing_rollout import RegisteredBackend, score_in_child
 
-    engine = SubprocessBackend(RegisteredBackend("vllm", max_model_len=model.config.max_position_embeddings), str(out))
-    try:
-        served = torch.tensor(engine.score([ids[0].tolist()], [1])[0])
-    finally:
-        engine.stop()
-        engine.close()
+    vllm = RegisteredBackend("vllm", max_model_len=model.config.max_position_embeddings)
+    served = torch.tensor(score_in_child(vllm, str(out), [ids[0].tolist()], [1])[0])
     expected = torch.log_softmax(logits[0, :-1].double(), -1).gather(1, ids[0, 1:, None])[:, 0]
     assert (served - expected).abs().max() < 1e-4, (served, expected)
 

@@ -11,11 +11,13 @@ class RecordingBackend(RolloutBackend):
         self.can_release_memory = can_release
         self.calls, self.received = [], []
 
-    def generate(self, *a, **k): raise AssertionError("not used")
+    async def generate(self, *a, **k): raise AssertionError("not used")
+    def abort(self, request_id): raise AssertionError("not used")
     def score(self, *a, **k): raise AssertionError("not used")
-    def update_weights(self, named):
+    def update_weights(self, named, version):
         self.calls.append("update_weights")
         self.received = list(named)
+        self.version = version
     def release_memory(self): self.calls.append("release_memory")
     def resume_memory(self, what): self.calls.append(f"resume_{what}")
     def stop(self): ...
@@ -53,6 +55,7 @@ def test_weights_are_pushed_only_when_stale():
     engine.train_mode()
     engine.mark_updated()
     assert engine.rollout_mode() is not None and backend.calls == ["update_weights", "update_weights"]
+    assert backend.version == engine.weights_version == 1, "the engine holds the actor's version after a push"
     assert "release_memory" not in backend.calls, "a backend that cannot release memory is never asked to"
 
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from rlcore.specs import Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+    from rlcore.specs import (AgentSpec, Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec,
+                              TaskSpec)
 
 PROJECT = "rlcore"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -35,6 +36,11 @@ def rlcore_algorithms() -> list[Algorithm]:
 @hookspec
 def rlcore_rollout_backends() -> list[RolloutBackendSpec]:
     """Generation engines (vLLM, SGLang): a name and a factory for a ``RolloutBackend``."""
+
+
+@hookspec
+def rlcore_agents() -> list[AgentSpec]:
+    """Agents: how an episode uses the engine (``single_turn`` is built in; multi-turn, tools, environments)."""
 
 
 @hookspec

@@ -5,13 +5,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcore.errors import PluginError
-from rlcore.specs import Algorithm, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+from rlcore.specs import AgentSpec, Algorithm, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
 
 # registry attribute -> registration hook
 KINDS = {
     "models": "rlcore_models",
     "algorithms": "rlcore_algorithms",
     "rollout_backends": "rlcore_rollout_backends",
+    "agents": "rlcore_agents",
     "optimizers": "rlcore_optimizers",
     "rewards": "rlcore_rewards",
     "tasks": "rlcore_tasks",
@@ -24,6 +25,7 @@ class Registry:
     models: dict[str, ModelSpec] = field(default_factory=dict)
     algorithms: dict[str, Algorithm] = field(default_factory=dict)
     rollout_backends: dict[str, RolloutBackendSpec] = field(default_factory=dict)
+    agents: dict[str, AgentSpec] = field(default_factory=dict)
     optimizers: dict[str, OptimizerSpec] = field(default_factory=dict)
     rewards: dict[str, RewardSpec] = field(default_factory=dict)
     tasks: dict[str, TaskSpec] = field(default_factory=dict)

@@ -41,7 +41,8 @@ class Run:
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
         self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg)
-        for kind, name in (("rollout_backends", cfg.rollout.backend), ("optimizers", cfg.actor.optim.name)):
+        for kind, name in (("rollout_backends", cfg.rollout.backend), ("agents", cfg.rollout.agent),
+                           ("optimizers", cfg.actor.optim.name)):
             reg.get(kind, name)        # an unknown name is refused here, before anything starts
         check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
         self._workers: WorkerGroup | None = None

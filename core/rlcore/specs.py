@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from rlcore.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
@@ -62,36 +65,59 @@ class Algorithm:
     load_state: Callable[[Any, dict], None] = lambda cfg, state: None
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples. ``temperature`` 0 is greedy; ``top_k`` -1 and ``top_p`` 1 are off;
+    ``stop_token_ids``: tokens that end the response besides eos (kept in it, as eos is)."""
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+
+
 @dataclass
-class Generation:
-    """One sampled response."""
-    token_ids: list[int]
+class Completion:
+    """One request's response: its tokens, the sampling policy's logprob of each (after temperature),
+    ``finish_reason`` ("stop": eos or a stop id, kept as the last token; "length": max_tokens; "abort": aborted,
+    with the tokens sampled until then) and ``versions``: the weight versions that sampled its first and its last
+    token (equal unless a weight push came while it was in flight)."""
+    request_id: str
+    tokens: list[int]
     logprobs: list[float]
     finish_reason: str
+    versions: tuple[int, int] = (0, 0)
 
 
 class RolloutBackend(abc.ABC):
-    """A generation engine colocated with the actor.
+    """A generation engine, asked one request at a time: batching concurrent requests is the engine's business.
 
-    Capabilities differ between builds (vLLM's CPU build cannot release memory); the engine asks
-    ``can_release_memory`` before calling ``release_memory`` / ``resume_memory``.
+    ``version`` is the weights version the engine holds (0 until the first ``update_weights``); every completion
+    reports the versions that sampled it. Capabilities differ between builds (vLLM's CPU build cannot release
+    memory); the caller asks ``can_release_memory`` before calling ``release_memory`` / ``resume_memory``.
     """
     can_release_memory: bool = False
+    version: int = 0
 
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
-        """Sample ``n`` responses per prompt. Returns one list of ``n`` generations per prompt. ``seeds`` (one per
-        prompt): a prompt's responses depend only on its seed and the weights, not on the other prompts of the call
-        (so that a resumed run, or another split of prompts over engine replicas, samples the same)."""
+    async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
+        """One response to ``tokens``. With a ``seed`` the response depends only on the seed, the weights and
+        ``sampling``, not on the other requests in flight (so a resumed run, or another split of prompts over engine
+        replicas, samples the same). ``request_id`` is unique among the requests in flight."""
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """End an in-flight request: its ``generate`` returns what it sampled so far, finish reason "abort".
+        An unknown or finished request is no error."""
 
     @abc.abstractmethod
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         """Logprob of each token ``sequences[i][j]`` for ``j >= start[i]``, teacher-forced (for correctness checks)."""
 
     @abc.abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load a stream of full HF-named tensors into the running engine, replacing its weights."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load a stream of full HF-named tensors into the running engine, replacing its weights; they are
+        weights ``version`` from now on."""
 
     def release_memory(self) -> None:
         """Free weights and KV cache while training runs (only when ``can_release_memory``)."""
@@ -102,6 +128,26 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Shut the engine down cleanly."""
+
+
+class Agent(abc.ABC):
+    """How one episode uses the engine: one response to the prompt (``single_turn``, built in), or turns with tool
+    calls and environment observations between them. It runs where the engine is, one coroutine per episode, many
+    in flight; the driver scores the trajectories it returns."""
+
+    @abc.abstractmethod
+    async def run(self, prompt: list[int], metadata: dict, engine: RolloutBackend, sampling: Sampling,
+                  seed: int | None, request_id: str) -> "Trajectory":
+        """One episode from ``prompt`` (its task row's ``metadata`` at hand), every request to ``engine`` with
+        ``sampling``; ``seed`` and ``request_id`` are this episode's (an agent making several requests derives
+        their ids from ``request_id``). The trajectory's ``version`` spans the versions its completions report."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """build(model_path) -> Agent (``model_path`` holds the tokenizer and chat template an agent may need)."""
+    name: str
+    build: Callable[[str], Agent]
 
 
 @dataclass(frozen=True)

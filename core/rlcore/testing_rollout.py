@@ -1,4 +1,5 @@
-"""The rollout-backend contract: what rlcore asks of every ``RolloutBackend``, checked against transformers.
+"""The rollout-backend contract: what rlcore asks of every ``RolloutBackend``, per request, checked against
+transformers.
 
 A backend's test module gets the whole contract in two statements (``contrib/rollout/*/tests/test_*_contract.py``)::
 
@@ -8,16 +9,20 @@ A backend's test module gets the whole contract in two statements (``contrib/rol
 
 One engine serves the module (an engine start is the expensive part). It is built by the backend's registered
 factory, as a run builds it, from a tiny random Qwen3 checkpoint (fp32; head_dim 32, the smallest vLLM's CPU
-attention takes) that transformers also loads: transformers is the reference for every number. The checks, each a
-test named ``test_<check>``:
+attention takes) that transformers also loads: transformers is the reference for every number. With
+``in_subprocess`` the engine, the reference and the checks live in a spawned child process (vLLM allows one
+in-process engine per process) and each test asks it to run one check. Requests go to the engine concurrently, as
+``rlcore.rollout.requests.sample`` sends a batch; the checks, each a test named ``test_<check>``:
 
-- ``generate_shapes``: one list of ``n`` Generations per prompt; one logprob (finite, <= 0) per token; a finish
-  reason that fits the tokens ("stop": ends with eos, eos nowhere else; "length": ``max_tokens`` tokens, no eos);
-  the ``n`` samples of a prompt are not one sample repeated;
+- ``generate_shapes``: a completion per request, with its request id and the engine's weight version; one logprob
+  (finite, <= 0) per token; a finish reason that fits the tokens ("stop": ends with eos, eos nowhere else;
+  "length": ``max_tokens`` tokens, no eos); the ``n`` samples of a prompt are not one sample repeated;
 - ``finish_reasons``: greedy decoding stops at eos ("stop", eos included) where transformers' greedy continuation
   reaches it, and runs to ``max_tokens`` ("length") where it does not (prompts picked so that every greedy step
-  wins by a clear margin);
-- ``seeds_reproduce_samples``: a prompt's samples depend on its seed only, not on the other prompts of the call or
+  wins by a clear margin); ``stop_token_ids``: a stop id ends the response there, kept as its last token;
+- ``abort``: a request aborted in flight returns the tokens it had (a prefix of its unaborted run, with their
+  logprobs), finish reason "abort", while a request beside it finishes unharmed; aborting an unknown id is no error;
+- ``seeds_reproduce_samples``: a request's sample depends on its seed only, not on the other requests in flight or
   their order; ``different_seeds_differ``;
 - ``logprobs_after_temperature``: sampled tokens' logprobs are log_softmax(logits / T) of transformers (within
   ``tolerance``) and far from T = 1's;
@@ -25,8 +30,9 @@ test named ``test_<check>``:
   the teacher-forced ``score`` and transformers' log_softmax(logits);
 - ``score_from_any_start``: ``score`` from starts 1, mid and last equals transformers;
   ``score_refuses_the_first_token``: start 0 raises (ValueError or RuntimeError), as no logprob exists there;
-- ``update_weights``: pushing other weights (``rlcore.testing.random_hf_state``, as a stream) changes the outputs,
-  which then equal transformers on those weights; pushing the checkpoint back restores the first outputs;
+- ``update_weights``: pushing other weights (``rlcore.testing.random_hf_state``, as a stream) as a new version
+  changes the outputs, which then equal transformers on those weights and report that version; pushing the
+  checkpoint back restores the first outputs;
 - ``release_and_resume_memory``: where ``can_release_memory``, the hybrid engine's order (release, resume weights,
   push, resume the KV cache) gives the same outputs as before (skipped where it cannot);
 - ``stop_is_idempotent``: ``stop()`` twice (the last check: it ends the module's engine).
@@ -36,16 +42,19 @@ fails as soon as a limitation goes away (and naming a check that does not exist 
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import math
 import multiprocessing
-import pickle
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from rlcore.specs import Generation, RolloutBackend
+from rlcore.rollout.requests import run, sample
+from rlcore.specs import Completion, RolloutBackend, Sampling
 
 # fp32 on CPU, the largest difference from transformers' logprobs over all the checks, measured: vLLM 3.5e-7, SGLang
 # 4.8e-7, transformers' backend 3.6e-7 (batched with left padding); T = 1's logprobs are 0.13-0.17 from T = 0.7's
@@ -54,6 +63,7 @@ TEMPERATURE = 0.7
 MAX_TOKENS = 8
 MAX_MODEL_LEN = 128
 GREEDY_MARGIN = 1e-2        # the chosen prompts' greedy steps win by this much (logprob), so no backend can flip one
+LONG_TOKENS = 64            # the aborted request's budget: the length prompt's greedy run has no eos within it
 
 Factory = Callable[[str], RolloutBackend]
 
@@ -83,111 +93,6 @@ class RegisteredBackend:
         spec = load_plugins([self.plugin or self.name]).registry.get("rollout_backends", self.name)
         cfg = RolloutConfig(backend=self.name, kv_cache_gib=self.kv_cache_gib, tp=1)
         return spec.factory(model_path, cfg, seed=0, max_model_len=self.max_model_len, distributed=False)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# A backend in a child process: vLLM allows one in-process engine per process, and a test session may host one.
-
-def _serve(factory: Factory, model_path: str, conn) -> None:
-    def receive() -> Any:
-        return pickle.loads(conn.recv_bytes())
-
-    def stream(ended: list[bool]) -> Iterator[tuple[str, torch.Tensor]]:
-        while (item := receive()) is not None:
-            yield item
-        ended.append(True)
-
-    try:
-        backend = factory(model_path)
-        conn.send_bytes(pickle.dumps(("ok", backend.can_release_memory)))
-    except BaseException:
-        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
-        return
-    while True:
-        method, args, kwargs = receive()
-        if method == "close":
-            return
-        try:
-            if method == "update_weights":
-                ended: list[bool] = []
-                try:
-                    result = backend.update_weights(stream(ended))
-                finally:        # a backend that stopped reading leaves the rest of the stream in the pipe
-                    while not ended and receive() is not None:
-                        pass
-            else:
-                result = getattr(backend, method)(*args, **kwargs)
-            reply = ("ok", result)
-        except BaseException:
-            reply = ("error", traceback.format_exc())
-        conn.send_bytes(pickle.dumps(reply))
-
-
-class SubprocessBackend(RolloutBackend):
-    """``factory(model_path)``'s backend in a spawned child process; every method is forwarded (``update_weights``
-    tensor by tensor, as a stream), ``stop`` included, so that its idempotence is the backend's. ``close`` ends the
-    child."""
-
-    def __init__(self, factory: Factory, model_path: str, timeout: float = 600.0):
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._timeout = timeout
-        self._process = ctx.Process(target=_serve, args=(factory, model_path, child), daemon=True)
-        self._process.start()
-        child.close()
-        self.can_release_memory = self._reply()
-
-    def _reply(self) -> Any:
-        if not self._conn.poll(self._timeout):
-            raise TimeoutError(f"the backend's process did not answer within {self._timeout:g} s")
-        try:
-            status, value = pickle.loads(self._conn.recv_bytes())
-        except EOFError:
-            self._process.join(10)
-            raise RuntimeError(f"the backend's process died (exit code {self._process.exitcode})") from None
-        if status == "error":
-            raise RuntimeError(f"in the backend's process:\n{value}")
-        return value
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        self._conn.send_bytes(pickle.dumps((method, args, kwargs)))
-        return self._reply()
-
-    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
-        return self._call("generate", list(prompts), n, temperature, max_tokens, seeds=seeds)
-
-    def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
-        return self._call("score", list(sequences), list(start))
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self._conn.send_bytes(pickle.dumps(("update_weights", (), {})))
-        try:
-            for name, tensor in named_tensors:
-                self._conn.send_bytes(pickle.dumps((name, tensor.detach().contiguous())))
-        finally:
-            self._conn.send_bytes(pickle.dumps(None))       # the end of the stream
-        self._reply()
-
-    def release_memory(self) -> None:
-        self._call("release_memory")
-
-    def resume_memory(self, what: str) -> None:
-        self._call("resume_memory", what)
-
-    def stop(self) -> None:
-        self._call("stop")
-
-    def close(self) -> None:
-        if self._process.is_alive():
-            try:
-                self._conn.send_bytes(pickle.dumps(("close", (), {})))
-            except (BrokenPipeError, OSError):
-                pass
-            self._process.join(60)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -237,7 +142,7 @@ def _greedy(model, prompt: list[int], max_tokens: int, eos: int) -> tuple[list[i
 
 def _pick_prompts(model, vocab_size: int, eos: int) -> tuple[list[int], list[int]]:
     """A prompt whose greedy continuation reaches eos after a few tokens, and one that runs to MAX_TOKENS, both with
-    every step decided by at least GREEDY_MARGIN."""
+    every step decided by at least GREEDY_MARGIN; the second has no eos within LONG_TOKENS either."""
     g = torch.Generator().manual_seed(0)
     stop = length = None
     for _ in range(400):
@@ -247,7 +152,7 @@ def _pick_prompts(model, vocab_size: int, eos: int) -> tuple[list[int], list[int
             continue
         if stop is None and tokens[-1] == eos and 2 <= len(tokens) < MAX_TOKENS:
             stop = prompt
-        elif length is None and eos not in tokens:
+        elif length is None and eos not in tokens and eos not in _greedy(model, prompt, LONG_TOKENS, eos)[0]:
             length = prompt
         if stop and length:
             return stop, length
@@ -271,79 +176,116 @@ class Contract:
 # --------------------------------------------------------------------------------------------------------------------
 # The checks. Each takes the Contract; contract_tests turns them into tests.
 
+def _sample(c: Contract, prompts: list[list[int]], n: int, temperature: float, max_tokens: int = MAX_TOKENS,
+            seeds: list[int] | None = None) -> list[list[Completion]]:
+    return sample(c.engine, prompts, n, Sampling(max_tokens, temperature), seeds)
+
+
 def check_generate_shapes(c: Contract) -> None:
-    """What the trainer indexes and masks by: n generations per prompt, a logprob per token, a finish reason."""
+    """What the trainer indexes and masks by: a completion per request, a logprob per token, a finish reason, the
+    weights that sampled it."""
     n = 4
-    out = c.engine.generate(c.prompts, n=n, temperature=1.0, max_tokens=MAX_TOKENS, seeds=[1, 2, 3])
-    assert isinstance(out, list) and len(out) == len(c.prompts), "one list of generations per prompt"
-    for samples in out:
-        assert len(samples) == n, f"{len(samples)} generations for a prompt, asked for n={n}"
-        for gen in samples:
-            assert isinstance(gen, Generation)
-            assert all(isinstance(t, int) for t in gen.token_ids), gen.token_ids
-            assert 1 <= len(gen.token_ids) <= MAX_TOKENS and len(gen.logprobs) == len(gen.token_ids), gen
+    out = _sample(c, c.prompts, n, 1.0, seeds=[1, 2, 3])
+    for i, samples in enumerate(out):
+        for j, gen in enumerate(samples):
+            assert isinstance(gen, Completion) and gen.request_id == f"sample-{i}-{j}", gen
+            assert gen.versions == (c.engine.version, c.engine.version), (gen.versions, c.engine.version)
+            assert all(isinstance(t, int) for t in gen.tokens), gen.tokens
+            assert 1 <= len(gen.tokens) <= MAX_TOKENS and len(gen.logprobs) == len(gen.tokens), gen
             assert all(math.isfinite(lp) and lp <= 0 for lp in gen.logprobs), gen.logprobs
             _assert_finish_reason(gen, c.eos)
-        assert len({tuple(g.token_ids) for g in samples}) > 1, "the n samples of a prompt are one sample repeated"
+        assert len({tuple(g.tokens) for g in samples}) > 1, "the n samples of a prompt are one sample repeated"
 
 
-def _assert_finish_reason(gen: Generation, eos: int) -> None:
+def _assert_finish_reason(gen: Completion, eos: int) -> None:
     if gen.finish_reason == "stop":
-        assert gen.token_ids[-1] == eos and eos not in gen.token_ids[:-1], gen
+        assert gen.tokens[-1] == eos and eos not in gen.tokens[:-1], gen
     else:
         assert gen.finish_reason == "length", f"finish reason {gen.finish_reason!r} (expected 'stop' or 'length')"
-        assert len(gen.token_ids) == MAX_TOKENS and eos not in gen.token_ids, gen
+        assert len(gen.tokens) == MAX_TOKENS and eos not in gen.tokens, gen
 
 
 def check_finish_reasons(c: Contract) -> None:
     """The reason must match where generation really ended: the reward and the masks depend on eos being there."""
-    stop, length = c.engine.generate([c.stop_prompt, c.length_prompt], n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+    stop, length = _sample(c, [c.stop_prompt, c.length_prompt], 1, 0.0)
     expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
-    assert (stop[0].finish_reason, stop[0].token_ids) == ("stop", expected), (stop[0], expected)
-    assert length[0].finish_reason == "length" and len(length[0].token_ids) == MAX_TOKENS, length[0]
+    assert (stop[0].finish_reason, stop[0].tokens) == ("stop", expected), (stop[0], expected)
+    assert length[0].finish_reason == "length" and len(length[0].tokens) == MAX_TOKENS, length[0]
+
+
+def check_stop_token_ids(c: Contract) -> None:
+    """A stop id ends the response where it is sampled, kept as its last token: how an agent stops at a tool call."""
+    expected, _ = _greedy(c.reference, c.length_prompt, MAX_TOKENS, c.eos)      # no eos within MAX_TOKENS
+    stop_id = expected[2]
+    greedy = Sampling(MAX_TOKENS, 0.0, stop_token_ids=(stop_id,))
+    out = run(c.engine.generate(c.length_prompt, greedy, None, "stop-id"))
+    assert (out.finish_reason, out.tokens) == ("stop", expected[:expected.index(stop_id) + 1]), (out, expected)
+
+
+def check_abort(c: Contract) -> None:
+    """An aborted request returns what it sampled until then, and the requests beside it are unharmed: how a run
+    ends overlong or stale generations without losing them."""
+    long, short = Sampling(LONG_TOKENS, 0.0), Sampling(MAX_TOKENS, 0.0)
+
+    async def abort_beside_another():
+        aborted = asyncio.ensure_future(c.engine.generate(c.length_prompt, long, None, "long"))
+        finished = await c.engine.generate(c.stop_prompt, short, None, "short")
+        c.engine.abort("long")
+        c.engine.abort("no-such-request")
+        return await aborted, finished
+
+    aborted, finished = run(abort_beside_another())
+    unaborted = run(c.engine.generate(c.length_prompt, long, None, "long-again"))
+    expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
+    assert (finished.finish_reason, finished.tokens) == ("stop", expected), finished
+    assert aborted.finish_reason == "abort" and len(aborted.tokens) < LONG_TOKENS, aborted
+    assert unaborted.finish_reason == "length" and len(unaborted.tokens) == LONG_TOKENS, unaborted
+    assert len(aborted.logprobs) == len(aborted.tokens)
+    same = min(len(aborted.tokens), MAX_TOKENS)     # greedy steps decided by a clear margin: alike alone or beside
+    assert aborted.tokens[:same] == unaborted.tokens[:same], (aborted.tokens, unaborted.tokens)
+    assert _max_diff(aborted.logprobs[:same], unaborted.logprobs[:same]) < c.tolerance
 
 
 def check_seeds_reproduce_samples(c: Contract) -> None:
     """A resumed run, or another split of prompts over engine replicas, samples the same."""
     a, b, other = c.prompts
-    first = c.engine.generate([a, b, other], n=3, temperature=1.0, max_tokens=MAX_TOKENS, seeds=[5, 6, 7])
-    again = c.engine.generate([other, [9, 8, 7, 6], a], n=3, temperature=1.0, max_tokens=MAX_TOKENS,
-                              seeds=[7, 11, 5])
-    tokens = [[g.token_ids for g in gens] for gens in first + again]
+    first = _sample(c, [a, b, other], 3, 1.0, seeds=[5, 6, 7])
+    again = _sample(c, [other, [9, 8, 7, 6], a], 3, 1.0, seeds=[7, 11, 5])
+    tokens = [[g.tokens for g in gens] for gens in first + again]
     assert tokens[0] == tokens[5] and tokens[2] == tokens[3], "a prompt's samples depend on more than its seed"
 
 
 def check_different_seeds_differ(c: Contract) -> None:
     """Seeds are used, not collapsed into one stream start: otherwise every prompt would draw alike."""
-    out = c.engine.generate([c.prompts[2]] * 2, n=3, temperature=1.0, max_tokens=MAX_TOKENS, seeds=[1, 2])
-    assert [g.token_ids for g in out[0]] != [g.token_ids for g in out[1]], "two seeds gave the same samples"
+    out = _sample(c, [c.prompts[2]] * 2, 3, 1.0, seeds=[1, 2])
+    assert [g.tokens for g in out[0]] != [g.tokens for g in out[1]], "two seeds gave the same samples"
 
 
 def check_logprobs_after_temperature(c: Contract) -> None:
     """The sampling policy's logprobs serve as the old policy (actor.old_logprobs=rollout) and in the mismatch
     metrics: they must be the actor's convention, log_softmax(logits / T)."""
-    out = c.engine.generate(c.prompts, n=2, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seeds=[1, 2, 3])
+    out = _sample(c, c.prompts, 2, TEMPERATURE, seeds=[1, 2, 3])
     worst = from_t1 = 0.0
     for prompt, samples in zip(c.prompts, out):
         for gen in samples:
-            seq = prompt + gen.token_ids
+            seq = prompt + gen.tokens
             worst = max(worst, _max_diff(gen.logprobs, _taken(reference_logprobs(c.reference, seq, len(prompt),
-                                                                                 TEMPERATURE), gen.token_ids)))
+                                                                                 TEMPERATURE), gen.tokens)))
             from_t1 = max(from_t1, _max_diff(gen.logprobs, _taken(reference_logprobs(c.reference, seq, len(prompt)),
-                                                                  gen.token_ids)))
+                                                                  gen.tokens)))
     print(f"sampled logprobs vs transformers at T={TEMPERATURE}: {worst:.1e} (at T=1: {from_t1:.1e})")
     assert worst < c.tolerance, f"sampled logprobs differ from transformers' log_softmax(logits/T) by {worst:.2e}"
     assert from_t1 > 100 * c.tolerance, f"sampled logprobs are within {from_t1:.1e} of T=1's: not after temperature"
 
 
-def _assert_greedy(c: Contract, model, prompts: list[list[int]], out: list[list[Generation]]) -> float:
+def _assert_greedy(c: Contract, model, prompts: list[list[int]], out: list[list[Completion]]) -> float:
     """Every greedy token is ``model``'s argmax (up to the tolerance), its logprob the model's and ``score``'s."""
-    scored = c.engine.score([p + o[0].token_ids for p, o in zip(prompts, out)], [len(p) for p in prompts])
+    scored = c.engine.score([p + o[0].tokens for p, o in zip(prompts, out)], [len(p) for p in prompts])
     worst = 0.0
     for prompt, o, s in zip(prompts, out, scored):
         gen = o[0]
-        logp = reference_logprobs(model, prompt + gen.token_ids, len(prompt))
-        ref = _taken(logp, gen.token_ids)
+        logp = reference_logprobs(model, prompt + gen.tokens, len(prompt))
+        ref = _taken(logp, gen.tokens)
         short = (logp.max(-1).values - torch.tensor(ref, dtype=logp.dtype)).max().item()
         assert short < c.tolerance, f"a greedy token is {short:.2e} below transformers' argmax"
         worst = max(worst, _max_diff(gen.logprobs, ref), _max_diff(s, ref), _max_diff(gen.logprobs, s))
@@ -353,7 +295,7 @@ def _assert_greedy(c: Contract, model, prompts: list[list[int]], out: list[list[
 
 def check_greedy_equals_score(c: Contract) -> None:
     """Generation and teacher-forced scoring are one model: the engine check after a sync relies on score."""
-    out = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+    out = _sample(c, c.prompts, 1, 0.0)
     print(f"greedy logprobs / score vs transformers: {_assert_greedy(c, c.reference, c.prompts, out):.1e}")
 
 
@@ -384,19 +326,22 @@ def check_update_weights(c: Contract) -> None:
     from rlcore.testing import random_hf_state
 
     new = random_hf_state(c.hf_config, scale=0.2, seed=1)
-    before = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+    before = _sample(c, c.prompts, 1, 0.0)
+    version = c.engine.version + 1
     try:
-        c.engine.update_weights((name, tensor) for name, tensor in new.items())     # a stream, as the sync's
-        after = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
-        assert [o[0].token_ids for o in after] != [o[0].token_ids for o in before], "outputs unchanged by new weights"
+        c.engine.update_weights(((name, tensor) for name, tensor in new.items()), version)   # a stream, as a sync's
+        assert c.engine.version == version, f"the engine holds version {c.engine.version} after pushing {version}"
+        after = _sample(c, c.prompts, 1, 0.0)
+        assert [o[0].tokens for o in after] != [o[0].tokens for o in before], "outputs unchanged by new weights"
+        assert all(o[0].versions == (version, version) for o in after), [o[0].versions for o in after]
         updated = AutoModelForCausalLM.from_config(c.reference.config).float().eval()
         updated.load_state_dict(new)
         worst = _assert_greedy(c, updated, c.prompts, after)
         print(f"after update_weights, greedy logprobs / score vs transformers on the new weights: {worst:.1e}")
     finally:
-        c.engine.update_weights(_checkpoint_weights(c))     # the other checks expect the checkpoint's weights
-    restored = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
-    assert [o[0].token_ids for o in restored] == [o[0].token_ids for o in before], "the checkpoint pushed back"
+        c.engine.update_weights(_checkpoint_weights(c), version + 1)    # the other checks expect these weights
+    restored = _sample(c, c.prompts, 1, 0.0)
+    assert [o[0].tokens for o in restored] == [o[0].tokens for o in before], "the checkpoint pushed back"
 
 
 def _checkpoint_weights(c: Contract) -> Iterator[tuple[str, torch.Tensor]]:
@@ -411,13 +356,13 @@ def check_release_and_resume_memory(c: Contract) -> None:
         import pytest
 
         pytest.skip("the backend cannot release memory (can_release_memory is false)")
-    before = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+    before = _sample(c, c.prompts, 1, 0.0)
     c.engine.release_memory()
     c.engine.resume_memory("weights")
-    c.engine.update_weights(_checkpoint_weights(c))
+    c.engine.update_weights(_checkpoint_weights(c), c.engine.version + 1)
     c.engine.resume_memory("kv_cache")
-    after = c.engine.generate(c.prompts, n=1, temperature=0.0, max_tokens=MAX_TOKENS)
-    assert [o[0].token_ids for o in after] == [o[0].token_ids for o in before]
+    after = _sample(c, c.prompts, 1, 0.0)
+    assert [o[0].tokens for o in after] == [o[0].tokens for o in before]
 
 
 def check_stop_is_idempotent(c: Contract) -> None:
@@ -429,6 +374,8 @@ def check_stop_is_idempotent(c: Contract) -> None:
 CHECKS: dict[str, Callable[[Contract], None]] = {
     "generate_shapes": check_generate_shapes,
     "finish_reasons": check_finish_reasons,
+    "stop_token_ids": check_stop_token_ids,
+    "abort": check_abort,
     "seeds_reproduce_samples": check_seeds_reproduce_samples,
     "different_seeds_differ": check_different_seeds_differ,
     "logprobs_after_temperature": check_logprobs_after_temperature,
@@ -441,8 +388,8 @@ CHECKS: dict[str, Callable[[Contract], None]] = {
 }
 
 
-def build_contract(factory: Factory, path: str, in_subprocess: bool = False,
-                   tolerance: float = LOGPROB_TOLERANCE, hf_config: dict | None = None) -> Contract:
+def build_contract(factory: Factory, path: str, tolerance: float = LOGPROB_TOLERANCE,
+                   hf_config: dict | None = None) -> Contract:
     """Writes the checkpoint (and a tokenizer) to ``path``, picks the prompts, starts the engine."""
     from rlcore.testing import write_checkpoint
 
@@ -452,16 +399,108 @@ def build_contract(factory: Factory, path: str, in_subprocess: bool = False,
     write_word_tokenizer(path, hf_config["vocab_size"], eos)
     stop, length = _pick_prompts(reference, hf_config["vocab_size"], eos)
     prompts = [stop, length, [7, 3, 11, 5, 2, 9, 4]]
-    engine = SubprocessBackend(factory, path) if in_subprocess else factory(path)
-    return Contract(engine, reference, path, hf_config, eos, stop, length, prompts, tolerance)
+    return Contract(factory(path), reference, path, hf_config, eos, stop, length, prompts, tolerance)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The contract in a child process: vLLM allows one in-process engine per process, and a test session may host one.
+
+def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict | None, conn) -> None:
+    """Build the contract here, then run the checks the parent names, one at a time, until it sends None."""
+    import pytest
+
+    try:
+        contract = build_contract(factory, path, tolerance, hf_config)
+        conn.send(("passed", ""))
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+        return
+    while (name := conn.recv()) is not None:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                CHECKS[name](contract)
+            conn.send(("passed", printed.getvalue()))
+        except pytest.skip.Exception as skipped:
+            conn.send(("skipped", str(skipped)))
+        except BaseException:
+            conn.send(("failed", printed.getvalue() + traceback.format_exc()))
+    contract.engine.stop()
+
+
+class ContractInChild:
+    """The contract (engine, reference, prompts) in a spawned child process that runs the checks by name."""
+
+    def __init__(self, factory: Factory, path: str, tolerance: float, hf_config: dict | None, timeout: float = 600):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._timeout = timeout
+        self._process = ctx.Process(target=_serve_checks, args=(factory, path, tolerance, hf_config, child),
+                                    daemon=True)
+        self._process.start()
+        child.close()
+        self._answer("starting the engine")
+
+    def run(self, check: str) -> None:
+        self._conn.send(check)
+        self._answer(check)
+
+    def _answer(self, what: str) -> None:
+        import pytest
+
+        if not self._conn.poll(self._timeout):
+            raise TimeoutError(f"the contract's process did not finish {what} within {self._timeout:g} s")
+        try:
+            status, text = self._conn.recv()
+        except EOFError:
+            self._process.join(10)
+            raise RuntimeError(f"the contract's process died during {what} (exit code {self._process.exitcode})")
+        print(text, end="")
+        if status == "skipped":
+            pytest.skip(text)
+        if status == "failed":
+            pytest.fail(f"in the contract's process, {what}:\n{text}", pytrace=False)
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._process.join(60)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
+def _score_in_child(factory: Factory, path: str, sequences: list[list[int]], start: list[int], conn) -> None:
+    engine = factory(path)
+    try:
+        conn.send(engine.score(sequences, start))
+    finally:
+        engine.stop()
+
+
+def score_in_child(factory: Factory, path: str, sequences: list[list[int]], start: list[int]) -> list[list[float]]:
+    """``factory(path)``'s ``score`` in a spawned child process (for a test session that may host an engine)."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    process = ctx.Process(target=_score_in_child, args=(factory, path, sequences, start, child), daemon=True)
+    process.start()
+    child.close()
+    try:
+        return conn.recv()
+    except EOFError:
+        process.join(10)
+        raise RuntimeError(f"the scoring process died (exit code {process.exitcode}); its stderr says why") from None
+    finally:
+        process.join(60)
 
 
 def contract_tests(factory: Factory, limitations: dict[str, str] | None = None, in_subprocess: bool = False,
                    tolerance: float = LOGPROB_TOLERANCE, hf_config: dict | None = None) -> dict[str, Any]:
     """The module-scoped fixture ``rollout_contract`` and one test per check, to put in a backend's test module
     (``globals().update(...)``). ``factory(model_path)`` builds the backend (picklable when ``in_subprocess``: the
-    engine then lives in a child process); ``limitations``: {check: reason} for known, documented limitations, run
-    as strict xfails."""
+    engine and the checks then run in a child process); ``limitations``: {check: reason} for known, documented
+    limitations, run as strict xfails."""
     import pytest
 
     limitations = dict(limitations or {})
@@ -471,19 +510,23 @@ def contract_tests(factory: Factory, limitations: dict[str, str] | None = None, 
 
     @pytest.fixture(scope="module")
     def rollout_contract(tmp_path_factory):
-        contract = build_contract(factory, str(tmp_path_factory.mktemp("rollout-contract")), in_subprocess,
-                                  tolerance, hf_config)
+        path = str(tmp_path_factory.mktemp("rollout-contract"))
+        if in_subprocess:
+            child = ContractInChild(factory, path, tolerance, hf_config)
+            yield child
+            child.close()
+            return
+        contract = build_contract(factory, path, tolerance, hf_config)
         yield contract
-        try:
-            contract.engine.stop()
-        finally:
-            if isinstance(contract.engine, SubprocessBackend):
-                contract.engine.close()
+        contract.engine.stop()
 
     tests: dict[str, Any] = {"rollout_contract": rollout_contract}
     for name, check in CHECKS.items():
-        def test(rollout_contract, check=check):
-            check(rollout_contract)
+        def test(rollout_contract, name=name, check=check):
+            if isinstance(rollout_contract, ContractInChild):
+                rollout_contract.run(name)
+            else:
+                check(rollout_contract)
         test.__name__ = test.__qualname__ = f"test_{name}"
         test.__doc__ = check.__doc__
         if name in limitations:

@@ -1,5 +1,6 @@
 """The built-in plugin: always loaded, whatever --plugins selects."""
 from rlcore.hookspecs import hookimpl
+from rlcore.rollout.agents import SINGLE_TURN
 from rlcore_plugins import loggers, optimizers, rewards, trackers
 from rlcore_plugins.tasks import arithmetic, dataset
 
@@ -7,6 +8,11 @@ from rlcore_plugins.tasks import arithmetic, dataset
 @hookimpl
 def rlcore_optimizers():
     return optimizers.SPECS
+
+
+@hookimpl
+def rlcore_agents():
+    return [SINGLE_TURN]
 
 
 @hookimpl

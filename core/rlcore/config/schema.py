@@ -136,6 +136,7 @@ class CriticConfig(TrainedModelConfig):
 @dataclass
 class RolloutConfig:
     backend: str = "vllm"         # a registered rollout backend
+    agent: str = "single_turn"    # a registered agent: how an episode uses the engine (one response, or turns)
     n: int = 8                    # samples per prompt (the GRPO group size)
     temperature: float = 1.0
     max_response_len: int = 8     # tokens

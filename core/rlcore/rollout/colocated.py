@@ -16,7 +16,7 @@ from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.errors import RlcoreError
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
 from rlcore.rollout.groups import GroupFilter
-from rlcore.specs import Task
+from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -74,24 +74,19 @@ class ColocatedSource:
         return worst.max_abs_diff
 
     def groups(self, prompts: list[tuple[str, dict]], n: int, temperature: float, seeds: list[int],
-               version: int = 0, timer=None) -> tuple[list[list[Trajectory]], Scores]:
-        """``n`` scored trajectories for each prompt (sampled with its seed at ``temperature``), one group per
-        prompt, and their scores in that order; ``timer`` times the phases (rollout, reward)."""
+               timer=None) -> tuple[list[list[Trajectory]], Scores]:
+        """``n`` scored episodes of the run's agent for each prompt (sampled with its seed at ``temperature``), one
+        group per prompt, and their scores in that order; ``timer`` times the phases (rollout, reward)."""
         timer = timer or (lambda phase: contextlib.nullcontext())
-        prompt_ids = [self.encode(p) for p, _ in prompts]
         with timer("rollout"):
-            generated = self.workers.generate(prompt_ids, n=n, temperature=temperature,
-                                              max_tokens=self.cfg.rollout.max_response_len, seeds=seeds)
-        rows = [(i, g) for i, group in enumerate(generated) for g in group]     # prompt index, generation
+            groups = self.workers.episodes([self.encode(p) for p, _ in prompts], [m for _, m in prompts], n,
+                                           Sampling(self.cfg.rollout.max_response_len, temperature), seeds)
+        flat = [t for group in groups for t in group]
         with timer("reward"):
-            scores = self.score([self.decode(g.token_ids) for _, g in rows], [prompts[i][1] for i, _ in rows])
-        rewards = neutral_fill(scores.total, scores.failed, torch.tensor([i for i, _ in rows])).float()
-        groups: list[list[Trajectory]] = [[] for _ in prompts]
-        for row, (i, g) in enumerate(rows):
-            groups[i].append(Trajectory.single_turn(prompt_ids[i], g.token_ids, g.logprobs, group=i,
-                                                    version=(version, version), finish=g.finish_reason,
-                                                    reward=float(rewards[row]), failed=bool(scores.failed[row]),
-                                                    metadata=prompts[i][1]))
+            scores = self.score([self.decode(t.tokens[t.prompt_len:]) for t in flat], [t.metadata for t in flat])
+        rewards = neutral_fill(scores.total, scores.failed, torch.arange(len(prompts)).repeat_interleave(n)).float()
+        for row, t in enumerate(flat):
+            t.group, t.reward, t.failed = row // n, float(rewards[row]), bool(scores.failed[row])
         return groups, scores
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
@@ -110,7 +105,11 @@ class ColocatedSource:
             prompts = self.task.train_prompts(step, wanted * (rounds + 1))[wanted * rounds:]
             rounds += 1
             seeds = prompt_seeds(len(prompts), cfg.run.seed, "train", step, rounds)
-            groups, scores = self.groups(prompts, cfg.rollout.n, cfg.rollout.temperature, seeds, version, timer)
+            groups, scores = self.groups(prompts, cfg.rollout.n, cfg.rollout.temperature, seeds, timer)
+            stale = {t.version for g in groups for t in g} - {(version, version)}
+            if stale:       # the engine is brought to the learner's weights before sampling: a bug if not
+                raise RuntimeError(f"the colocated engine sampled with weight versions {sorted(stale)}, the learner "
+                                   f"is at {version}")
             kept.offer(groups)
             scored.append(scores)
         metrics.update({"sampling/groups_dropped": float(kept.dropped), "sampling/rounds": float(rounds),

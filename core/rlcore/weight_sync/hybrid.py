@@ -33,7 +33,8 @@ class HybridEngine:
         self.actor, self.rollout = actor, rollout
         self.offloaded = offloaded_parts(offload)
         self.mode = self.TRAIN
-        self.weights_version = 0                      # actor updates since construction
+        self.weights_version = 0                      # actor updates (the learner's version), pushed with the
+                                                      # weights: the engine reports it with each completion
         self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds
         self.history: list[str] = []      # transitions, for tests of the order
 
@@ -82,7 +83,7 @@ class HybridEngine:
                 yield name, tensor
 
         start = time.perf_counter()
-        self.rollout.update_weights(stream())
+        self.rollout.update_weights(stream(), self.weights_version)
         self.synced_version = self.weights_version
         self.history.append("sync_weights")
         return SyncStats(time.perf_counter() - start, counted["bytes"], counted["tensors"])

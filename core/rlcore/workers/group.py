@@ -17,6 +17,8 @@ from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.errors import WorkerDied
 from rlcore.launch import free_port
+from rlcore.specs import Sampling
+from rlcore.trajectory import Trajectory
 from rlcore.workers.worker import ActorRolloutWorker
 
 log = logging.getLogger(__name__)
@@ -179,13 +181,15 @@ class WorkerGroup:
         return [r["answer"] if isinstance(r, Batch) else r for r in self._reported(results)]
 
     # --- what the controller uses ----------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: list[int] | None = None) -> list:
-        """``seeds``: one per prompt (see ``RolloutBackend.generate``); each replica gets its prompts' seeds."""
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
+        """``n`` episodes of the run's agent per prompt (``rlcore.rollout.requests.episodes``); the prompts are
+        split over the engine replicas, each with its prompts' metadata and seeds."""
         parts = _shares(len(prompts), self.replicas)
         pick = lambda items, part: None if items is None else [items[i] for i in part]  # noqa: E731
-        results = self.call("generate", per_rank=[(pick(prompts, parts[c.rollout_replica]), n, temperature,
-                                                   max_tokens, pick(seeds, parts[c.rollout_replica]))
+        results = self.call("episodes", per_rank=[(pick(prompts, parts[c.rollout_replica]),
+                                                   pick(metadata, parts[c.rollout_replica]), n, sampling,
+                                                   pick(seeds, parts[c.rollout_replica]))
                                                   for c in self.coords])
         by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
         return [g for i in range(self.replicas) for g in by_replica[i]]

@@ -13,10 +13,13 @@ import torch
 
 from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch
+from rlcore.specs import Sampling
+from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.hybrid import HybridEngine
 from rlcore.weight_sync.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.learner.actor_loss import ActorLoss
 from rlcore.lr_schedule import total_updates
+from rlcore.rollout.requests import episodes
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
@@ -179,6 +182,7 @@ class ActorRolloutWorker(Worker):
             weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=world_size > 1,
             **({"load_weights": False} if weightless else {}))
+        self.agent = reg.get("agents", cfg.rollout.agent).build(model_path)
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
         self.coords = parallel_coords(rank, cfg.rollout.tp, world_size)
 
@@ -195,9 +199,9 @@ class ActorRolloutWorker(Worker):
     def sync_weights(self):
         return self.engine.sync_weights()
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: list[int] | None = None):
-        return self.rollout.generate(prompts, n=n, temperature=temperature, max_tokens=max_tokens, seeds=seeds)
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
+        return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
 
     def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
         return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
@@ -214,11 +218,13 @@ class ActorRolloutWorker(Worker):
         return metrics
 
     def checkpoint_extras(self) -> dict:
-        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
+        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version,
+                "weights_version": self.engine.weights_version}
 
     def load_checkpoint(self, directory: str) -> dict:
         state = super().load_checkpoint(directory)
-        self.engine.mark_updated()          # the engine still holds the starting weights: push them
+        self.engine.weights_version = state.get("weights_version", self.engine.weights_version + 1)
+        self.engine.synced_version = -1     # the engine still holds the starting weights: push them
         if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
             self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
             self.engine.train_mode()

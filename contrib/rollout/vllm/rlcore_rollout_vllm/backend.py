@@ -1,12 +1,20 @@
-"""A colocated, in-process vLLM engine as an rlcore RolloutBackend."""
+"""An in-process vLLM engine as an rlcore RolloutBackend.
+
+Requests go to vLLM's own scheduler (``LLMEngine.add_request``); one task steps the engine while any is in flight,
+handing each request its new tokens as they come (vLLM's delta outputs), so an aborted request returns what it had
+sampled. Every rank of a tensor-parallel engine (external launcher) must add the same requests in the same order:
+the colocated source gives each rank of a replica the same prompts.
+"""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
-from rlcore.specs import Generation, RolloutBackend
+from rlcore.rollout.in_flight import InFlight
+from rlcore.specs import Completion, RolloutBackend, Sampling
 
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
@@ -38,6 +46,7 @@ class VLLMRollout(RolloutBackend):
                        **(dict(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
                           if distributed else {}))
         self.seed = seed
+        self._in_flight = InFlight()
         if not torch.cuda.is_available():
             from rlcore_rollout_vllm.cpu_moe_reload import repack_moe_on_reload
 
@@ -46,29 +55,51 @@ class VLLMRollout(RolloutBackend):
     def _worker(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker
 
-    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
+    async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
-        def params(seed: int | None) -> SamplingParams:
-            return SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0, seed=seed,
-                                  detokenize=False)
+        params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
+                                logprobs=0, seed=seed, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        submit = lambda: self.llm.llm_engine.add_request(request_id, _token_prompts([tokens])[0], params)  # noqa: E731
+        return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort)
 
-        per_prompt = [params(s) for s in seeds] if seeds is not None else params(None)
-        outputs = self.llm.generate(_token_prompts(prompts), per_prompt, use_tqdm=False)
-        return [[Generation(list(c.token_ids), _token_logprobs(c.logprobs, c.token_ids), c.finish_reason or "")
-                 for c in o.outputs] for o in outputs]
+    async def _step_while_busy(self) -> None:
+        """Step the engine while requests are in flight, yielding between steps (to new requests and aborts)."""
+        from vllm import RequestOutput
+
+        while self._in_flight:
+            for out in self.llm.llm_engine.step():
+                request = self._in_flight.get(out.request_id)
+                if request is None or not isinstance(out, RequestOutput):
+                    continue
+                delta = out.outputs[0]
+                request.tokens += delta.token_ids
+                request.logprobs += _token_logprobs(delta.logprobs, delta.token_ids)
+                if out.finished:
+                    self._in_flight.finish(out.request_id, delta.finish_reason or "", self.version)
+            await asyncio.sleep(0)
+
+    def abort(self, request_id: str) -> None:
+        if self._in_flight.get(request_id) is not None:
+            self.llm.llm_engine.abort_request([request_id])
+            self._in_flight.finish(request_id, "abort", self.version)
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         from vllm import SamplingParams
+
+        if self._in_flight:     # LLM.generate would step the engine and take their outputs
+            raise RuntimeError(f"score() with {len(self._in_flight)} requests in flight; score between generations")
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         outputs = self.llm.generate(_token_prompts(sequences), params, use_tqdm=False)
         return [_token_logprobs(o.prompt_logprobs, s, st) for o, s, st in zip(outputs, sequences, start)]
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self._worker().reload_weights(weights_iterator=iter(named_tensors))
         self.llm.reset_prefix_cache()
+        self.version = version
 
     def stop(self) -> None:
         llm = vars(self).pop("llm", None)       # idempotent

@@ -27,4 +27,4 @@ def run_scoped_shm_names() -> None:
         return f"rlcore{port}-{name.lstrip('/').lstrip('-')}" if port else name
 
     make_group_name.run_scoped = True   # type: ignore[attr-defined]
-    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+    setattr(_CPUSHMDistributed, "make_group_name", staticmethod(make_group_name))
