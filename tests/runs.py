@@ -31,8 +31,9 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) -> subproce
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=ENV, start_new_session=True)
 
 
-def wait_until(process, condition, timeout=300):
-    """What ``condition()`` returns once it holds, polled while ``process`` runs."""
+def wait_until(process, condition, timeout=1200):
+    """What ``condition()`` returns once it holds, polled while ``process`` runs. The timeout only catches a hung
+    run: beside another test on two cores, a TP2 x PP2 run took over 300 s to its first checkpoint."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = condition()
@@ -43,7 +44,7 @@ def wait_until(process, condition, timeout=300):
     raise AssertionError("the kill condition never held")
 
 
-def kill_when(cmd, condition, timeout=300):
+def kill_when(cmd, condition, timeout=1200):
     """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw."""
     process = start(cmd)
     try:

@@ -67,4 +67,4 @@ def test_a_killed_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache)
     assert line[2] in {"generate", "rollout_mode", "train_mode", "logprobs", "train_step", "compare_logprobs",
                        "save_checkpoint", "finish_checkpoint"}, last
     assert "Traceback" not in err and "ActorDiedError" not in err, err[-3000:]
-    assert gone(workers[0], within=10), "the other worker outlived the run"
+    assert gone(workers[0], within=30), "the other worker outlived the run"
