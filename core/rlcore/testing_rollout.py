@@ -63,7 +63,7 @@ TEMPERATURE = 0.7
 MAX_TOKENS = 8
 MAX_MODEL_LEN = 128
 GREEDY_MARGIN = 1e-2        # the chosen prompts' greedy steps win by this much (logprob), so no backend can flip one
-LONG_TOKENS = 64            # the aborted request's budget: the length prompt's greedy run has no eos within it
+LONG_TOKENS = 32            # the aborted request's budget: the length prompt's greedy run has no eos within it
 
 Factory = Callable[[str], RolloutBackend]
 
