@@ -2,10 +2,13 @@
 
 Unlike the vLLM backend the engine does not run in this process: SGLang starts a scheduler process (the model, its KV
 cache, sampling) and a detokenizer process, and talks to them over ZeroMQ; weight updates are handed over as tensors
-in shared memory (``update_weights_from_tensor``), without a file.
+in shared memory (``update_weights_from_tensor``), without a file. Requests go through the engine's tokenizer manager,
+which lives on the event loop of the thread that built the engine: call ``generate`` from that thread
+(``rlcore.rollout.requests`` keeps one loop per thread).
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import logging
@@ -13,11 +16,14 @@ import multiprocessing
 import os
 import random
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from rlcore.specs import Generation, RolloutBackend
+from rlcore.specs import Completion, RolloutBackend, Sampling
+from rlcore_rollout_sglang.replica import Replica
 
 BUCKET_BYTES = 256 << 20    # weights handed to the engine per update_weights_from_tensor call
 log = logging.getLogger(__name__)
@@ -37,6 +43,10 @@ class SGLangRollout(RolloutBackend):
         self._seeds_warned = False
         self._rng = random.Random(seed)
         self._released: list[str] = []
+        self._asked: set[str] = set()                  # the request ids in flight on this rank
+        self._in_flight: dict[str, _Request] = {}      # the engine's requests, by the caller's request id
+        self._unsent: list[_Request] = []              # added since the last batch went to the engine
+        self._sending: set[asyncio.Task] = set()
         if not self.replica.leads:
             return
         cpu = not torch.cuda.is_available()
@@ -84,28 +94,101 @@ class SGLangRollout(RolloutBackend):
             multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
         self._pids = {p.pid for p in psutil.Process().children(recursive=True)} - before
 
-    def generate(self, prompts: Sequence[list[int]], n: int, temperature: float, max_tokens: int,
-                 seeds: Sequence[int] | None = None) -> list[list[Generation]]:
-        """One request per sample. SGLang's returned logprobs are already the sampling policy's (log of the softmax
-        of logits / temperature; at temperature 0, of the logits), the vLLM backend's processed logprobs.
+    async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
+        """SGLang's returned logprobs are already the sampling policy's (log of the softmax of logits / temperature;
+        at temperature 0, of the logits), the vLLM backend's processed logprobs.
 
-        Seeds: each sample gets its own ``sampling_seed``, but SGLang 0.5.23 uses it only in its deterministic-inference
-        mode, whose attention backends are GPU-only; on CPU the samples come from the scheduler's global generator
-        (seeded once with the engine's seed), so they depend on the calls made before. Warned once."""
-        if seeds is not None and not torch.cuda.is_available() and not self._seeds_warned:
+        Seeds: the request's ``sampling_seed``, but SGLang 0.5.23 uses it only in its deterministic-inference mode,
+        whose attention backends are GPU-only; on CPU the samples come from the scheduler's global generator (seeded
+        once with the engine's seed), so they depend on the requests before and beside. Warned once."""
+        if seed is not None and not torch.cuda.is_available() and not self._seeds_warned:
             self._seeds_warned = True
-            log.warning("rollout.backend=sglang on CPU cannot seed each prompt (SGLang applies sampling_seed only in "
-                        "its GPU-only deterministic mode): samples depend on the engine's seed and call order")
-        base = list(seeds) if seeds is not None else [self._rng.getrandbits(62) for _ in prompts]
-        if not self.replica.leads:
-            return self.replica.share(None)
-        params = [{"n": 1, "temperature": temperature, "max_new_tokens": max_tokens,
-                   "sampling_seed": _sample_seed(s, k)} for s in base for k in range(n)]
-        out = self.engine.generate(input_ids=[list(p) for p in prompts for _ in range(n)], sampling_params=params,
-                                   return_logprob=True)
-        gens = [Generation(list(o["output_ids"]), [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]],
-                           _finish_reason(o["meta_info"]["finish_reason"])) for o in out]
-        return self.replica.share([gens[i * n:(i + 1) * n] for i in range(len(prompts))])
+            log.warning("rollout.backend=sglang on CPU cannot seed each request (SGLang applies sampling_seed only in "
+                        "its GPU-only deterministic mode): samples depend on the engine's seed and the requests made")
+        if request_id in self._asked:       # checked on every rank of a replica, so that all refuse it alike
+            raise ValueError(f"generate: request id {request_id!r} is already in flight (ids must be unique among "
+                             f"the requests in flight)")
+        params = _sampling_params(sampling, seed if seed is not None else self._rng.getrandbits(62))
+        answer = self._add(request_id, tokens, params) if self.replica.leads else None
+        # its own task, which a caller that gives up does not cancel: the replica's other ranks still get the answer
+        shared = asyncio.ensure_future(self.replica.share_answer(request_id, answer))
+        self._asked.add(request_id)
+        shared.add_done_callback(lambda _: self._asked.discard(request_id))
+        try:
+            return await asyncio.shield(shared)
+        except asyncio.CancelledError:      # the caller gave up on it: free its slot in the engine
+            self.abort(request_id)
+            raise
+
+    def _add(self, request_id: str, tokens: list[int], params: dict) -> asyncio.Future:
+        """Queues the request; the first one queued sends them all once every request issued beside it (in this turn
+        of the event loop) is queued too."""
+        loop = asyncio.get_running_loop()
+        # SGLang aborts every request whose id starts with the aborted one's: its own ids are all of one length
+        request = _Request(request_id, uuid.uuid4().hex, list(tokens), params, loop.create_future(), self.version)
+        self._in_flight[request_id] = request
+        self._unsent.append(request)
+        if len(self._unsent) == 1:
+            task = loop.create_task(self._send_unsent())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        return request.done
+
+    async def _send_unsent(self) -> None:
+        """The queued requests go to the engine in one batch, as one ``engine.generate`` call of them would: SGLang's
+        scheduler then takes them in together, in one prefill batch, in order (sent one by one, it may wake between
+        two and schedule them in two batches, which changes what CPU sampling draws for each). Streamed, so that each
+        gets its completion as soon as it finishes; ``stream_interval`` keeps that to two messages a request."""
+        batch, self._unsent = self._unsent, []
+        if not batch:       # all aborted before they were sent
+            return
+        by_rid = {r.rid: r for r in batch}
+        try:
+            stream = await self.engine.async_generate(input_ids=[r.tokens for r in batch],
+                                                      sampling_params=[r.params for r in batch],
+                                                      rid=[r.rid for r in batch], return_logprob=True, stream=True)
+            async for out in stream:
+                if out["meta_info"]["finish_reason"] is not None:
+                    self._finish(by_rid[out["meta_info"]["id"]], out)
+        except Exception as error:          # every waiting caller hears of it, none hangs
+            for request in batch:
+                self._settle(request, error=error)
+        for request in batch:
+            self._settle(request, error=RuntimeError(f"SGLang ended request {request.request_id!r} without an answer"))
+
+    def _finish(self, request: _Request, out: dict) -> None:
+        meta = out["meta_info"]
+        reason = meta["finish_reason"]
+        if reason.get("type") == "abort" and reason.get("status_code"):    # SGLang refused it: not an abort of ours
+            self._settle(request, error=RuntimeError(f"SGLang refused request {request.request_id!r}: "
+                                                     f"{reason.get('message')}"))
+            return
+        self._settle(request, list(out["output_ids"]), [lp for lp, _, _ in meta["output_token_logprobs"]],
+                     _finish_reason(reason))
+
+    def _settle(self, request: _Request, tokens: list[int] | None = None, logprobs: list[float] | None = None,
+                reason: str = "", error: Exception | None = None) -> None:
+        """Hands the request its completion (or ``error``); the first settlement wins."""
+        if self._in_flight.get(request.request_id) is not request:
+            return
+        del self._in_flight[request.request_id]
+        if request.done.done():
+            return
+        if error is not None:
+            request.done.set_exception(error)
+        else:
+            request.done.set_result(Completion(request.request_id, tokens or [], logprobs or [], reason,
+                                               (request.version, self.version)))
+
+    def abort(self, request_id: str) -> None:
+        request = self._in_flight.get(request_id)
+        if request is None:
+            return
+        if request in self._unsent:         # never reached the engine
+            self._unsent.remove(request)
+            self._settle(request, reason="abort")
+        else:                               # the engine finishes it at its next step, with its tokens so far
+            self.engine.tokenizer_manager.abort_request(rid=request.rid)
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         """Prompt logprobs at temperature 1. SGLang's window starts at ``logprob_start_len`` and has no logprob for
@@ -125,13 +208,15 @@ class SGLangRollout(RolloutBackend):
             result.append([lp for lp, _, _ in window])
         return self.replica.share(result)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Hands the stream to the engine bucket by bucket (at most ``BUCKET_BYTES`` each, as shared-memory tensors)
         inside one weight-update session, and flushes the prefix cache in it so no KV computed with the old weights
-        is reused. A rank without an engine still pulls the stream: the exchange behind it is collective."""
+        is reused. A rank without an engine still pulls the stream: the exchange behind it is collective. (SGLang
+        holds the update until the requests in flight have finished.)"""
         if not self.replica.leads:
             for _ in named_tensors:
                 pass
+            self.version = version
             return
         _check(self.engine.begin_weight_update(), "begin_weight_update")
         try:
@@ -148,6 +233,7 @@ class SGLangRollout(RolloutBackend):
             self.flush_cache()
         finally:
             _check(self.engine.end_weight_update(), "end_weight_update")
+        self.version = version
 
     def _push(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         if not torch.cuda.is_available():
@@ -216,28 +302,25 @@ class SGLangRollout(RolloutBackend):
             engine_module.kill_process_tree = kill_tree
 
 
-class Replica:
-    """This rank's place among the ranks sharing one engine (``tp`` consecutive ranks of the trainer's world)."""
+@dataclass
+class _Request:
+    request_id: str             # the caller's
+    rid: str                    # SGLang's
+    tokens: list[int]
+    params: dict
+    done: asyncio.Future
+    version: int                # the weights its first token was sampled with
 
-    def __init__(self, tp: int, distributed: bool):
-        self.group = None
-        self.leader = 0
-        if distributed and tp > 1:
-            import torch.distributed as dist
 
-            rank, world = dist.get_rank(), dist.get_world_size()
-            # new_group is collective: every rank creates every replica's group, in the same order
-            groups = [dist.new_group(list(range(first, first + tp))) for first in range(0, world, tp)]
-            self.group, self.leader = groups[rank // tp], rank - rank % tp
-        self.leads = self.group is None or self.leader == torch.distributed.get_rank()
-
-    def share(self, result: Any) -> Any:
-        """The leader's ``result`` on every rank of the replica."""
-        if self.group is None:
-            return result
-        box = [result]
-        torch.distributed.broadcast_object_list(box, src=self.leader, group=self.group)
-        return box[0]
+def _sampling_params(sampling: Sampling, seed: int) -> dict:
+    """SGLang's sampling parameters for one request. ``stream_interval``: a streamed request's first token is sent
+    at once, the rest when it finishes."""
+    params: dict[str, Any] = {"n": 1, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                              "top_k": sampling.top_k, "max_new_tokens": sampling.max_tokens, "sampling_seed": seed,
+                              "stream_interval": sampling.max_tokens}
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    return params
 
 
 def _in_shared_memory(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -254,11 +337,6 @@ def _in_shared_memory(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str,
         copies.append((name, copy))
         offset += size
     return copies
-
-
-def _sample_seed(prompt_seed: int, k: int) -> int:
-    """Sample k of a prompt's n: a function of the prompt's seed alone."""
-    return (prompt_seed * 1_000_003 + k) % (1 << 62)
 
 
 def _finish_reason(reason: dict | None) -> str:
