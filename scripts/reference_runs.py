@@ -40,7 +40,7 @@ def gsm8k_run(out: str) -> list[str]:
     """The GSM8K job in miniature (tests/test_gsm8k_e2e.py's): a tiny Qwen3 with a byte-level BPE chat tokenizer,
     GSM8K-format JSONL made verl Parquet by `rlcore dataset gsm8k`, the math reward plus a brevity shaping."""
     from rlcore.testing import tiny_checkpoint
-    from rlcore.testing_gsm8k import chat_tokenizer, gsm8k_lines
+    from rlcore.testing.gsm8k import chat_tokenizer, gsm8k_lines
     from rlcore_model_qwen3.plugin import QWEN3
 
     data = os.path.join(out, "gsm8k_data")

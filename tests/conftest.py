@@ -78,6 +78,6 @@ def quickstart(tmp_path_factory, warm_start_cache):
 @pytest.fixture(scope="session")
 def chat_tokenizer():
     """A byte-level BPE tokenizer trained here, with Qwen3's special tokens and a Qwen3-style chat template."""
-    from rlcore.testing_gsm8k import chat_tokenizer
+    from rlcore.testing.gsm8k import chat_tokenizer
 
     return chat_tokenizer()

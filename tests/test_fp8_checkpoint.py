@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from rlcore.launch import torchrun
 from rlcore.testing import tiny_checkpoint
-from rlcore.testing_fp8 import quantize_checkpoint
+from rlcore.testing.fp8 import quantize_checkpoint
 
 SIZES = dict(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=96,
              max_position_embeddings=64)

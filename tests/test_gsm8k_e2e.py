@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.e2e
 def test_grpo_on_gsm8k_parquet_with_a_chat_template_and_the_math_reward(tmp_path, chat_tokenizer):
     from rlcore.testing import tiny_checkpoint
-    from rlcore.testing_gsm8k import gsm8k_lines
+    from rlcore.testing.gsm8k import gsm8k_lines
     from rlcore_model_qwen3.plugin import QWEN3
 
     ckpt = tmp_path / "ckpt"

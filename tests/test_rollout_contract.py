@@ -1,4 +1,4 @@
-"""The rollout-backend contract (rlcore.testing_rollout) fails for the bugs it is there to catch: each case wraps the
+"""The rollout-backend contract (rlcore.testing.rollout) fails for the bugs it is there to catch: each case wraps the
 transformers backend with one bug and runs the check that must fail. A check that passes a broken backend would
 pass every real one too, and so prove nothing about them."""
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from rlcore.specs import Completion, RolloutBackend
-from rlcore.testing_rollout import CHECKS, RegisteredBackend, build_contract, contract_tests
+from rlcore.testing.rollout import CHECKS, RegisteredBackend, RolloutContract, build_contract
 
 
 class Buggy(RolloutBackend):
@@ -90,8 +90,10 @@ def test_the_check_fails_for_the_bug(contract, bug, check):
 
 
 def test_a_limitation_must_name_a_check():
-    with pytest.raises(KeyError, match="seeds_reproduce"):
-        contract_tests(RegisteredBackend("hf"), {"seeds_reproduce": "a typo"})
+    with pytest.raises(KeyError, match="TestTypo.limitations names checks that do not exist: .'seeds_reproduce'."):
+        class TestTypo(RolloutContract):
+            factory = RegisteredBackend("hf")
+            limitations = {"seeds_reproduce": "a typo"}
 
 
 class Releasing(Buggy):

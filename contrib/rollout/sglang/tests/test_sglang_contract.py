@@ -1,4 +1,4 @@
-"""The rollout-backend contract (rlcore.testing_rollout) on the SGLang backend, with its known limitation on CPU; plus
+"""The rollout-backend contract (rlcore.testing.rollout) on the SGLang backend, with its known limitation on CPU; plus
 what is SGLang's own: weights handed over in several buckets, and a stop that ends only the engine's processes."""
 import importlib.util
 import subprocess
@@ -10,7 +10,7 @@ if importlib.util.find_spec("sglang") is None:
 
 import psutil
 
-from rlcore.testing_rollout import RegisteredBackend, contract_tests
+from rlcore.testing.rollout import RegisteredBackend, RolloutContract
 
 pytestmark = [pytest.mark.slow]
 
@@ -35,12 +35,13 @@ def small_buckets_and_a_bystander():
     backend.BUCKET_BYTES = saved
 
 
-globals().update(contract_tests(RegisteredBackend("sglang"), LIMITATIONS))
+class TestSGLangContract(RolloutContract):
+    factory = RegisteredBackend("sglang")
+    limitations = LIMITATIONS
 
-
-def test_stop_ends_only_the_engines_processes(rollout_contract, small_buckets_and_a_bystander):
-    engine = rollout_contract.engine
-    engine.stop()                   # already stopped by test_stop_is_idempotent when the whole module runs
-    assert engine._pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                    for p in engine._pids)
-    assert small_buckets_and_a_bystander.poll() is None, "stop() killed a process that is not the engine's"
+    def test_stop_ends_only_the_engines_processes(self, rollout_contract, small_buckets_and_a_bystander):
+        engine = rollout_contract.engine
+        engine.stop()               # already stopped by test_stop_is_idempotent when the whole class runs
+        assert engine._pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                        for p in engine._pids)
+        assert small_buckets_and_a_bystander.poll() is None, "stop() killed a process that is not the engine's"

@@ -1,13 +1,16 @@
 """The rollout-backend contract: what rlcore asks of every ``RolloutBackend``, per request, checked against
 transformers.
 
-A backend's test module gets the whole contract in two statements (``contrib/rollout/*/tests/test_*_contract.py``)::
+A backend's test module gets the whole contract as a class (``contrib/rollout/*/tests/test_*_contract.py``)::
 
-    from rlcore.testing_rollout import RegisteredBackend, contract_tests
-    globals().update(contract_tests(RegisteredBackend("vllm"), in_subprocess=True,
-                                    limitations={"seeds_reproduce_samples": "why, and what would lift it"}))
+    from rlcore.testing.rollout import RegisteredBackend, RolloutContract
 
-One engine serves the module (an engine start is the expensive part). It is built by the backend's registered
+    class TestVLLMContract(RolloutContract):
+        factory = RegisteredBackend("vllm")
+        in_subprocess = True
+        limitations = {"seeds_reproduce_samples": "why, and what would lift it"}
+
+One engine serves the class (an engine start is the expensive part). It is built by the backend's registered
 factory, as a run builds it, from a tiny random Qwen3 checkpoint (fp32; head_dim 32, the smallest vLLM's CPU
 attention takes) that transformers also loads: transformers is the reference for every number. With
 ``in_subprocess`` the engine, the reference and the checks live in a spawned child process (vLLM allows one
@@ -51,6 +54,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+import pytest
 import torch
 
 from rlcore.rollout.requests import run, sample
@@ -174,7 +178,7 @@ class Contract:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# The checks. Each takes the Contract; contract_tests turns them into tests.
+# The checks. Each takes the Contract; RolloutContract turns them into tests.
 
 def _sample(c: Contract, prompts: list[list[int]], n: int, temperature: float, max_tokens: int = MAX_TOKENS,
             seeds: list[int] | None = None) -> list[list[Completion]]:
@@ -313,8 +317,6 @@ def check_score_from_any_start(c: Contract) -> None:
 
 def check_score_refuses_the_first_token(c: Contract) -> None:
     """A sequence's first token has no logprob: asking for it must fail, not return another position's."""
-    import pytest
-
     with pytest.raises((ValueError, RuntimeError)):
         c.engine.score([c.prompts[0]], [0])
 
@@ -353,8 +355,6 @@ def _checkpoint_weights(c: Contract) -> Iterator[tuple[str, torch.Tensor]]:
 def check_release_and_resume_memory(c: Contract) -> None:
     """The hybrid engine's order (release; resume weights; push; resume KV cache) leaves the engine as it was."""
     if not c.engine.can_release_memory:
-        import pytest
-
         pytest.skip("the backend cannot release memory (can_release_memory is false)")
     before = _sample(c, c.prompts, 1, 0.0)
     c.engine.release_memory()
@@ -407,8 +407,6 @@ def build_contract(factory: Factory, path: str, tolerance: float = LOGPROB_TOLER
 
 def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict | None, conn) -> None:
     """Build the contract here, then run the checks the parent names, one at a time, until it sends None."""
-    import pytest
-
     try:
         contract = build_contract(factory, path, tolerance, hf_config)
         conn.send(("passed", ""))
@@ -446,8 +444,6 @@ class ContractInChild:
         self._answer(check)
 
     def _answer(self, what: str) -> None:
-        import pytest
-
         if not self._conn.poll(self._timeout):
             raise TimeoutError(f"the contract's process did not finish {what} within {self._timeout:g} s")
         try:
@@ -495,41 +491,53 @@ def score_in_child(factory: Factory, path: str, sequences: list[list[int]], star
         process.join(60)
 
 
-def contract_tests(factory: Factory, limitations: dict[str, str] | None = None, in_subprocess: bool = False,
-                   tolerance: float = LOGPROB_TOLERANCE, hf_config: dict | None = None) -> dict[str, Any]:
-    """The module-scoped fixture ``rollout_contract`` and one test per check, to put in a backend's test module
-    (``globals().update(...)``). ``factory(model_path)`` builds the backend (picklable when ``in_subprocess``: the
-    engine and the checks then run in a child process); ``limitations``: {check: reason} for known, documented
-    limitations, run as strict xfails."""
-    import pytest
+class RolloutContract:
+    """Subclass it as ``Test<Backend>Contract`` and pytest runs one test per check (``test_<check>``) on one engine
+    for the class, built by ``factory(model_path)`` (picklable when ``in_subprocess``: the engine, the reference and
+    the checks then run in a child process). ``limitations``: {check: reason} for known, documented limitations, run
+    as strict xfails; a name that is no check is refused when the class is defined."""
+    factory: Factory
+    in_subprocess: bool = False
+    limitations: dict[str, str] = {}
+    tolerance: float = LOGPROB_TOLERANCE
+    hf_config: dict | None = None
 
-    limitations = dict(limitations or {})
-    unknown = set(limitations) - set(CHECKS)
-    if unknown:
-        raise KeyError(f"limitations name checks that do not exist: {sorted(unknown)} (checks: {sorted(CHECKS)})")
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.limitations) - set(CHECKS)
+        if unknown:
+            raise KeyError(f"{cls.__name__}.limitations names checks that do not exist: {sorted(unknown)} "
+                           f"(checks: {sorted(CHECKS)})")
 
-    @pytest.fixture(scope="module")
-    def rollout_contract(tmp_path_factory):
+    @pytest.fixture(scope="class")
+    def rollout_contract(self, tmp_path_factory):
         path = str(tmp_path_factory.mktemp("rollout-contract"))
-        if in_subprocess:
-            child = ContractInChild(factory, path, tolerance, hf_config)
+        if self.in_subprocess:
+            child = ContractInChild(self.factory, path, self.tolerance, self.hf_config)
             yield child
             child.close()
             return
-        contract = build_contract(factory, path, tolerance, hf_config)
+        contract = build_contract(self.factory, path, self.tolerance, self.hf_config)
         yield contract
         contract.engine.stop()
 
-    tests: dict[str, Any] = {"rollout_contract": rollout_contract}
-    for name, check in CHECKS.items():
-        def test(rollout_contract, name=name, check=check):
-            if isinstance(rollout_contract, ContractInChild):
-                rollout_contract.run(name)
-            else:
-                check(rollout_contract)
-        test.__name__ = test.__qualname__ = f"test_{name}"
-        test.__doc__ = check.__doc__
-        if name in limitations:
-            test = pytest.mark.xfail(strict=True, reason=limitations[name])(test)
-        tests[test.__name__] = test
-    return tests
+    @pytest.fixture(autouse=True)
+    def _known_limitation(self, request):
+        reason = self.limitations.get(request.node.originalname.removeprefix("test_"))
+        if reason:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def _contract_test(name: str, check: Callable[[Contract], None]) -> Callable:
+    def test(self, rollout_contract) -> None:
+        if isinstance(rollout_contract, ContractInChild):
+            rollout_contract.run(name)
+        else:
+            check(rollout_contract)
+    test.__name__ = test.__qualname__ = f"test_{name}"
+    test.__doc__ = check.__doc__
+    return test
+
+
+for _name, _check in CHECKS.items():
+    setattr(RolloutContract, f"test_{_name}", _contract_test(_name, _check))
