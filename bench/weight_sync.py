@@ -140,7 +140,7 @@ def rank_main(args) -> None:
             seconds = time.perf_counter() - start
         return seconds, mem.extra
 
-    rollout.update_weights(resharder.stream())   # warm-up: the first load into a fresh engine is 2-3x slower
+    rollout.update_weights(resharder.stream(), 0)   # warm-up: the first load into a fresh engine is 2-3x slower
     full = [(n, t.clone()) for n, t in resharder.stream()]       # the same tensors, fully in memory
     largest = max(t.numel() * t.element_size() for _, t in full)
     dest = [torch.empty_like(t) for _, t in full]
@@ -155,17 +155,17 @@ def rank_main(args) -> None:
     remapped_before = getattr(exchange, "remapped", 0)
     syncs, peaks, producing, ingests, ingest_peaks = [], [], [], [], []
     for _ in range(args.repeats):   # interleaved, so that drift on a busy machine hits the sync and its floor alike
-        seconds, peak = timed(lambda: rollout.update_weights(counting(resharder.stream())))
+        seconds, peak = timed(lambda: rollout.update_weights(counting(resharder.stream()), 0))
         syncs.append(seconds)
         peaks.append(peak)
         producing.append(counted["producer_s"])
-        seconds, peak = timed(lambda: rollout.update_weights(iter(full)))
+        seconds, peak = timed(lambda: rollout.update_weights(iter(full), 0))
         ingests.append(seconds)
         ingest_peaks.append(peak)
     collectives = resharder.counters.collectives
     remaps = getattr(exchange, "remapped", 0) - remapped_before
     slots_bytes = sum(s.numel() for s in getattr(exchange, "slots", []))
-    peer_s = statistics.median(timed(lambda: rollout.update_weights(peer.stream()))[0] for _ in range(2)) \
+    peer_s = statistics.median(timed(lambda: rollout.update_weights(peer.stream(), 0))[0] for _ in range(2)) \
         if peer else float("nan")
     result = dict(rank=torch.distributed.get_rank(), sync_s=statistics.median(syncs), peer_s=peer_s,
                   bytes=counted["bytes"], collectives=collectives, buckets=len(resharder.buckets),

@@ -1,7 +1,8 @@
 """The learning side: from a batch of trajectories to updated weights — the old policy's and the reference's
 logprobs, the critic's values, the algorithm's advantages, and the mini-batch updates of the critic and the actor
-(the actor's loss: ``actor_loss``). ``version`` counts the actor's updates: a row whose version equals it was
-sampled by the weights about to be updated."""
+(the actor's loss: ``actor_loss``). ``version`` counts the actor's optimizer updates, as the workers' hybrid engine
+does when it pushes weights to the rollout engine (which reports it with each completion): a row whose version
+equals it was sampled by the weights about to be updated."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
@@ -61,25 +62,28 @@ class Learner:
             metrics.update(token_stats("returns", batch["returns"], mask))
             metrics.update(token_stats("values", batch["values"], mask))
             with timer("critic"):
-                metrics.update(mini_batch_updates(self.critic, cfg.critic, batch))
+                metrics.update(mini_batch_updates(self.critic, cfg.critic, batch)[0])
                 self.critic.call("sleep")
         if self.critic is None or step > cfg.critic.warmup_steps:
             with timer("train"):
-                metrics.update(mini_batch_updates(self.actor, cfg.actor, batch, on_policy))
-            self.version += 1
+                actor_metrics, updates = mini_batch_updates(self.actor, cfg.actor, batch, on_policy)
+            metrics.update(actor_metrics)
+            self.version += updates
         return metrics
 
 
-def mini_batch_updates(group: "WorkerGroup", model_cfg, batch: Batch, *args) -> dict[str, float]:
+def mini_batch_updates(group: "WorkerGroup", model_cfg, batch: Batch, *args) -> tuple[dict[str, float], int]:
     """``epochs`` passes of ``mini_batches`` optimizer updates over the batch, for the actor's or the critic's
-    workers; returns the mean of each metric."""
+    workers; returns the mean of each metric and how many updates there were."""
     size = -(-len(batch) // model_cfg.mini_batches)
     collected: dict[str, list[float]] = {}
+    updates = 0
     for _ in range(model_cfg.epochs):
         for mini in batch.split(size):
+            updates += 1
             for k, v in group.train_step(mini, *args).items():
                 collected.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in collected.items()}
+    return {k: sum(v) / len(v) for k, v in collected.items()}, updates
 
 
 def token_stats(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -218,12 +218,11 @@ class ActorRolloutWorker(Worker):
         return metrics
 
     def checkpoint_extras(self) -> dict:
-        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version,
-                "weights_version": self.engine.weights_version}
+        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
 
     def load_checkpoint(self, directory: str) -> dict:
         state = super().load_checkpoint(directory)
-        self.engine.weights_version = state.get("weights_version", self.engine.weights_version + 1)
+        self.engine.weights_version = state["updates"]     # the learner's version, as the engine reports it
         self.engine.synced_version = -1     # the engine still holds the starting weights: push them
         if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
             self.engine.rollout_mode()      # after the update), so that the next step's sync is the same

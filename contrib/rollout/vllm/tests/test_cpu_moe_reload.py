@@ -45,9 +45,9 @@ SCRIPT = textwrap.dedent("""
             got = engine.score(sequences, [1] * len(sequences))
             return max(abs(a - b) for g, r in zip(got, reference) for a, b in zip(g, r))
         diffs["before"] = diff(unchanged)
-        engine.update_weights(iter(on_disk.items()))
+        engine.update_weights(iter(on_disk.items()), 1)
         diffs["unchanged"] = diff(unchanged)
-        engine.update_weights((n, t * 1.01 if ".experts." in n else t) for n, t in on_disk.items())
+        engine.update_weights(((n, t * 1.01 if ".experts." in n else t) for n, t in on_disk.items()), 2)
         diffs["scaled"] = diff(scaled_reference)
     finally:
         engine.stop()
