@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from rlcore.specs import Completion, RolloutBackend
-from rlcore.testing.rollout import CHECKS, RegisteredBackend, RolloutContract, build_contract
+from rlcore.testing.rollout import CHECKS, RegisteredBackend, build_contract
+from rlcore.testing.rollout_pytest import RolloutContract
 
 
 class Buggy(RolloutBackend):

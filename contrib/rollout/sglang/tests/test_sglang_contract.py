@@ -10,7 +10,8 @@ if importlib.util.find_spec("sglang") is None:
 
 import psutil
 
-from rlcore.testing.rollout import RegisteredBackend, RolloutContract
+from rlcore.testing.rollout import RegisteredBackend
+from rlcore.testing.rollout_pytest import RolloutContract
 
 pytestmark = [pytest.mark.slow]
 

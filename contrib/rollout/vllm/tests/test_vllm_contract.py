@@ -7,7 +7,8 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed", allow_module_level=True)
 
-from rlcore.testing.rollout import RegisteredBackend, RolloutContract
+from rlcore.testing.rollout import RegisteredBackend
+from rlcore.testing.rollout_pytest import RolloutContract
 
 pytestmark = [pytest.mark.slow]
 

@@ -1,0 +1,154 @@
+"""The rollout contract (``rlcore.testing.rollout``'s checks) as pytest tests: ``RolloutContract``, the class a
+backend's test module subclasses, and the child process that hosts the engine when vLLM's one-engine-per-process rule
+asks for it."""
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import traceback
+from typing import Any, Callable
+
+import pytest
+
+from rlcore.testing.rollout import CHECKS, LOGPROB_TOLERANCE, Contract, Factory, build_contract
+
+# --------------------------------------------------------------------------------------------------------------------
+# The contract in a child process: vLLM allows one in-process engine per process, and a test session may host one.
+
+def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict | None, conn) -> None:
+    """Build the contract here, then run the checks the parent names, one at a time, until it sends None."""
+    try:
+        contract = build_contract(factory, path, tolerance, hf_config)
+        conn.send(("passed", ""))
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+        return
+    while (name := conn.recv()) is not None:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                CHECKS[name](contract)
+            conn.send(("passed", printed.getvalue()))
+        except pytest.skip.Exception as skipped:
+            conn.send(("skipped", str(skipped)))
+        except BaseException:
+            conn.send(("failed", printed.getvalue() + traceback.format_exc()))
+    contract.engine.stop()
+
+
+class ContractInChild:
+    """The contract (engine, reference, prompts) in a spawned child process that runs the checks by name."""
+
+    def __init__(self, factory: Factory, path: str, tolerance: float, hf_config: dict | None, timeout: float = 600):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._timeout = timeout
+        self._process = ctx.Process(target=_serve_checks, args=(factory, path, tolerance, hf_config, child),
+                                    daemon=True)
+        self._process.start()
+        child.close()
+        self._answer("starting the engine")
+
+    def run(self, check: str) -> None:
+        self._conn.send(check)
+        self._answer(check)
+
+    def _answer(self, what: str) -> None:
+        if not self._conn.poll(self._timeout):
+            raise TimeoutError(f"the contract's process did not finish {what} within {self._timeout:g} s")
+        try:
+            status, text = self._conn.recv()
+        except EOFError:
+            self._process.join(10)
+            raise RuntimeError(f"the contract's process died during {what} (exit code {self._process.exitcode})")
+        print(text, end="")
+        if status == "skipped":
+            pytest.skip(text)
+        if status == "failed":
+            pytest.fail(f"in the contract's process, {what}:\n{text}", pytrace=False)
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._process.join(60)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
+def _score_in_child(factory: Factory, path: str, sequences: list[list[int]], start: list[int], conn) -> None:
+    engine = factory(path)
+    try:
+        conn.send(engine.score(sequences, start))
+    finally:
+        engine.stop()
+
+
+def score_in_child(factory: Factory, path: str, sequences: list[list[int]], start: list[int]) -> list[list[float]]:
+    """``factory(path)``'s ``score`` in a spawned child process (for a test session that may host an engine)."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    process = ctx.Process(target=_score_in_child, args=(factory, path, sequences, start, child), daemon=True)
+    process.start()
+    child.close()
+    try:
+        return conn.recv()
+    except EOFError:
+        process.join(10)
+        raise RuntimeError(f"the scoring process died (exit code {process.exitcode}); its stderr says why") from None
+    finally:
+        process.join(60)
+
+
+class RolloutContract:
+    """Subclass it as ``Test<Backend>Contract`` and pytest runs one test per check (``test_<check>``) on one engine
+    for the class, built by ``factory(model_path)`` (picklable when ``in_subprocess``: the engine, the reference and
+    the checks then run in a child process). ``limitations``: {check: reason} for known, documented limitations, run
+    as strict xfails; a name that is no check is refused when the class is defined."""
+    factory: Factory
+    in_subprocess: bool = False
+    limitations: dict[str, str] = {}
+    tolerance: float = LOGPROB_TOLERANCE
+    hf_config: dict | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.limitations) - set(CHECKS)
+        if unknown:
+            raise KeyError(f"{cls.__name__}.limitations names checks that do not exist: {sorted(unknown)} "
+                           f"(checks: {sorted(CHECKS)})")
+
+    @pytest.fixture(scope="class")
+    def rollout_contract(self, tmp_path_factory):
+        path = str(tmp_path_factory.mktemp("rollout-contract"))
+        if self.in_subprocess:
+            child = ContractInChild(self.factory, path, self.tolerance, self.hf_config)
+            yield child
+            child.close()
+            return
+        contract = build_contract(self.factory, path, self.tolerance, self.hf_config)
+        yield contract
+        contract.engine.stop()
+
+    @pytest.fixture(autouse=True)
+    def _known_limitation(self, request):
+        reason = self.limitations.get(request.node.originalname.removeprefix("test_"))
+        if reason:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def _contract_test(name: str, check: Callable[[Contract], None]) -> Callable:
+    def test(self, rollout_contract) -> None:
+        if isinstance(rollout_contract, ContractInChild):
+            rollout_contract.run(name)
+        else:
+            check(rollout_contract)
+    test.__name__ = test.__qualname__ = f"test_{name}"
+    test.__doc__ = check.__doc__
+    return test
+
+
+for _name, _check in CHECKS.items():
+    setattr(RolloutContract, f"test_{_name}", _contract_test(_name, _check))
