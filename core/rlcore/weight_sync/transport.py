@@ -73,30 +73,13 @@ class SharedMemoryExchange:
         """Collective: group rank 0 creates the file, everyone maps it, rank 0 unlinks it; on return it has no name."""
         path = f"{self._prefix}-{self._maps}"
         self._maps += 1
-        if self.rank == 0:
-            storage = self._map_file(path)
-        self._barrier()
-        if self.rank != 0:
-            storage = self._map_file(path)
-        self._barrier()
-        if self.rank == 0:
-            os.unlink(path)
-        self._barrier()
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
-
-    def _map_file(self, path: str) -> torch.UntypedStorage:
-        return cast(torch.UntypedStorage, torch.UntypedStorage.from_file(path, shared=True, nbytes=self.capacity))
-
-    @staticmethod
-    def _references(slot: torch.Tensor) -> int:
-        return torch._C._storage_Use_Count(slot.untyped_storage()._cdata)
+        return map_among(path, self.capacity, self.rank == 0, self._barrier)
 
     def _next_slot(self) -> torch.Tensor:
         """The slot the bucket before last used, once no rank references it any more (else a fresh one)."""
         index = self._turn % len(self.slots)
         self._turn += 1
-        # held elsewhere: more references than the slot tensor and the temporary storage object _references makes
-        held = torch.tensor([int(self._references(self.slots[index]) > 2)])
+        held = torch.tensor([int(held_elsewhere(self.slots[index]))])
         dist.all_reduce(held, op=dist.ReduceOp.MAX, group=self.group)
         self.calls += 1
         if held.item():
@@ -117,9 +100,43 @@ class SharedMemoryExchange:
         return buffer
 
 
-def _same_host(group) -> bool:
+def _map_file(path: str, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over the file ``path`` in /dev/shm (created if missing), mapped shared: what one process
+    writes into it, every process that maps the same file sees."""
+    storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(cast(torch.UntypedStorage, storage))
+
+
+def map_among(path: str, nbytes: int, creator: bool, barrier: Callable[[], None]) -> torch.Tensor:
+    """Collective over the processes that ``barrier`` synchronises: the creator makes the file, everyone maps it,
+    the creator unlinks it; on return it has no name, so it is freed with its last mapping even if a process dies."""
+    if creator:
+        slot = _map_file(path, nbytes)
+    barrier()
+    if not creator:
+        slot = _map_file(path, nbytes)
+    barrier()
+    if creator:
+        os.unlink(path)
+    barrier()
+    return slot
+
+
+def held_elsewhere(slot: torch.Tensor) -> bool:
+    """Whether anything but ``slot`` itself references its memory (a consumer's view of it): more references to
+    the storage than the slot tensor and the temporary storage object made here to count them."""
+    return torch._C._storage_Use_Count(slot.untyped_storage()._cdata) > 2
+
+
+def host_id() -> tuple[str, str]:
+    """This machine, as processes that may share memory compare it: host name and boot id (containers on one
+    host share /dev/shm only if both match)."""
     with open("/proc/sys/kernel/random/boot_id") as f:
-        here = (socket.gethostname(), f.read().strip())
+        return socket.gethostname(), f.read().strip()
+
+
+def _same_host(group) -> bool:
+    here = host_id()
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, here, group=group)
     return all(h == here for h in everyone)
