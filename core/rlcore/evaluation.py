@@ -12,14 +12,14 @@ import torch
 
 if TYPE_CHECKING:
     from rlcore.config import Config
-    from rlcore.rollout.colocated import ColocatedSource
+    from rlcore.rollout.source import Source
     from rlcore.specs import Task
 
 
-def evaluate(source: "ColocatedSource", task: "Task", cfg: "Config", step: int) -> dict[str, float]:
+def evaluate(source: "Source", task: "Task", cfg: "Config", step: int) -> dict[str, float]:
     """Held-out scores after ``step``, ``trainer.eval_n`` responses per prompt at ``trainer.eval_temperature``;
     empty when the task has no held-out prompts."""
-    from rlcore.rollout.colocated import prompt_seeds
+    from rlcore.rollout.source import prompt_seeds
 
     prompts, n = task.eval_prompts(), cfg.trainer.eval_n
     if not prompts:

@@ -47,6 +47,7 @@ def step(run: "Run", number: int) -> dict[str, float]:
         run.plugins.hook.rlcore_rollout_end(step=number, batch=batch)
         metrics.update(run.learner.update(batch, number, timer))
         metrics.update(length_metrics(trajectories, batch))
+    run.source.weights_updated(run.learner.version, number, timer, metrics)
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     return metrics
 

@@ -18,11 +18,13 @@ from rlcore.plugins import LoadedPlugins
 from rlcore.preflight import check_optimizers, check_rollout_backend
 from rlcore.rewards import build_rewards
 from rlcore.rollout.colocated import ColocatedSource
+from rlcore.rollout.source import Source
 from rlcore.rollout_correction import check_old_logprobs_source
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
     from rlcore.workers.group import WorkerGroup
+    from rlcore.workers.rollout_worker import RolloutWorkers
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class Run:
             reg.get(kind, name)        # an unknown name is refused here, before anything starts
         check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
         self._workers: WorkerGroup | None = None
+        self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
         self.critic: WorkerGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         self.loggers: list = []
@@ -63,7 +66,10 @@ class Run:
 
         from rlcore.megatron import patches
         from rlcore.megatron.model import check_model_config, read_hf_config
+        from rlcore.rollout.queued import QueuedSource
         from rlcore.workers.group import WorkerGroup
+        from rlcore.workers.rollout_worker import RolloutWorkers
+        from rlcore.workers.worker import ActorRolloutWorker, ActorWorker
 
         cfg = self.cfg
         self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
@@ -89,7 +95,9 @@ class Run:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
         self.task.bind_tokenizer(self.tokenizer)
-        self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path)
+        asynchronous = cfg.trainer.mode == "async"
+        self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path,
+                                    ActorWorker if asynchronous else ActorRolloutWorker)
         if self.algorithm.needs_critic(self.algo_cfg):
             from rlcore.workers.critic import CriticWorker
 
@@ -98,9 +106,14 @@ class Run:
             self.critic = WorkerGroup(cfg, self.plugins.selection, self.model_path, CriticWorker,
                                       cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.call("sleep")
-        self.source = ColocatedSource(cfg, self.workers, self.task, self.tokenizer,
-                                      hf_config["max_position_embeddings"], self.rewards,
-                                      lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg))
+        keep_group = lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg)  # noqa: E731
+        if asynchronous:
+            self.rollout = RolloutWorkers(cfg, self.plugins.selection, self.model_path)
+            self.source: Source = QueuedSource(cfg, self.workers, self.rollout, self.task, self.tokenizer,
+                                               hf_config["max_position_embeddings"], self.rewards, keep_group)
+        else:
+            self.source = ColocatedSource(cfg, self.workers, self.task, self.tokenizer,
+                                          hf_config["max_position_embeddings"], self.rewards, keep_group)
         self.learner = Learner(cfg, self.workers, self.critic, self.algorithm, self.algo_cfg)
         for logger_class in self.logger_classes:
             logger = logger_class()
@@ -141,6 +154,7 @@ class Run:
         self.task.load_state_dict(state["task"])
         self.algorithm.load_state(self.algo_cfg, state["algorithm"])
         self.learner.version = state.get("learner_version", state["step"])   # saved before it was kept: one a step
+        self.source.resumed(state["step"], self.learner.version)
         return state["step"], state["eval_before"]
 
     # --- the end -------------------------------------------------------------------------------------------------
@@ -156,7 +170,10 @@ class Run:
             self.loggers.pop().close()
 
     def close(self) -> None:
-        for group in (self.critic, self._workers):
+        source = vars(self).get("source")
+        if source is not None:
+            source.close()
+        for group in (self.rollout, self.critic, self._workers):
             if group is not None:
                 group.stop()
-        self._workers = self.critic = None
+        self._workers = self.critic = self.rollout = None

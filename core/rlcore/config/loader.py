@@ -113,6 +113,9 @@ _RULES = [  # (key, predicate, what is allowed)
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
+    ("trainer.mode", lambda v: v in ("colocated", "async"), "colocated or async"),
+    ("rollout.world_size", lambda v: v >= 1, "an integer >= 1"),
+    ("rollout.max_staleness", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.max_sampling_rounds", lambda v: v >= 1, "an integer >= 1"),
@@ -149,7 +152,10 @@ def check_values(cfg: Config) -> None:
     _check_layout("actor", cfg.actor, world, "trainer.world_size")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
-    if world % cfg.rollout.tp:
+    if cfg.trainer.mode == "async" and cfg.rollout.tp != 1:
+        raise ConfigError(f"rollout.tp = {cfg.rollout.tp} with trainer.mode=async: rollout workers host one "
+                          f"single-process engine each so far; use rollout.tp=1 and more rollout.world_size")
+    elif cfg.trainer.mode == "colocated" and world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
     for key in ("model.path", "critic.model_path"):
         given = _get(cfg, key)

@@ -147,6 +147,12 @@ class RolloutConfig:
     sync_bucket_mb: float = 256   # weight sync moves full tensors in buckets of at most this many MB
     sync_transport: str = "auto"  # auto | shm | collectives: how ranks exchange shards during a sync (auto: shared
                                   # memory between CPU ranks on one host, torch.distributed broadcasts otherwise)
+    world_size: int = 1           # trainer.mode=async: rollout-only processes, one engine replica each
+    max_staleness: int = 1        # trainer.mode=async: a sample trains at most this many weight versions after the
+                                  # weights that started it (0 = on-policy, the colocated run's samples); enforced by
+                                  # admitting a generation only while accepted + running <= (S + version + 1) x batch
+    partial: bool = False         # trainer.mode=async: a weight push aborts the requests in flight and resumes them
+                                  # with the new weights from their tokens so far (false: the push waits for them)
 
 
 @dataclass
@@ -169,6 +175,8 @@ class TaskConfig:
 class TrainerConfig:
     steps: int = 100              # RL steps
     world_size: int = 1           # worker processes (1 = in this process; more = Ray actors)
+    mode: str = "colocated"       # colocated: the engine shares the trainer's processes and generates while they
+                                  # wait; async: rollout.world_size processes of their own generate while training runs
     ray_address: str = ""         # join this Ray cluster (e.g. 127.0.0.1:6379); empty = start an embedded one
     placement: str = "pack"       # pack: fill one node first; spread: one worker per node in turn
     devices_per_node: int = 8     # GPUs per node (on CPU: processes); used to size per-node host memory

@@ -4,59 +4,30 @@ hybrid engine pushes them when they changed), so every trajectory it returns was
 version."""
 from __future__ import annotations
 
-import contextlib
-import logging
-import random
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from rlcore.config import Config
 from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree
-from rlcore.errors import RlcoreError
-from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
+from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
+from rlcore.rollout.source import Source, prompt_seeds
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from rlcore.workers.group import WorkerGroup
 
-log = logging.getLogger(__name__)
 
-
-class ColocatedSource:
-    """Prompts from ``task`` → ``rollout.n`` trajectories each from the workers' engines → scored by ``rewards`` →
-    the groups ``keep_group`` accepts (dynamic sampling), ``trainer.prompts_per_step`` of them a step."""
+class ColocatedSource(Source):
+    """The episodes run on the actor's workers' engines (``WorkerGroup.episodes``), ``trainer.prompts_per_step``
+    kept groups a step."""
 
     def __init__(self, cfg: Config, workers: "WorkerGroup", task: Task, tokenizer, max_len: int,
                  rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
-        self.cfg, self.workers, self.task, self.tokenizer = cfg, workers, task, tokenizer
-        self.rewards, self.keep_group, self.max_len = rewards, keep_group, max_len
-        self.failure_reasons_seen: set[str] = set()
-
-    # --- tokens and rewards --------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
-            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens; with rollout.max_response_len "
-                              f"{self.cfg.rollout.max_response_len} it exceeds the model's context "
-                              f"{self.max_len}. Shorten prompts or lower rollout.max_response_len.")
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        assert isinstance(text, str)          # one sequence in, one string out
-        return text
-
-    def score(self, texts: list[str], meta: list[dict]) -> Scores:
-        scores = self.rewards(texts, meta)
-        for reason, count in scores.reasons.items():
-            if reason not in self.failure_reasons_seen:   # each reason once; counts go to the metrics
-                self.failure_reasons_seen.add(reason)
-                log.warning("reward failed for %d sample(s), marked failed and left out of the loss: %s", count,
-                            reason)
-        return scores
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
+        self.workers = workers
 
     # --- the engine ----------------------------------------------------------------------------------------------
     def sync(self) -> dict[str, float]:
@@ -73,21 +44,9 @@ class ColocatedSource:
         raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
         return worst.max_abs_diff
 
-    def groups(self, prompts: list[tuple[str, dict]], n: int, temperature: float, seeds: list[int],
-               timer=None) -> tuple[list[list[Trajectory]], Scores]:
-        """``n`` scored episodes of the run's agent for each prompt (sampled with its seed at ``temperature``), one
-        group per prompt, and their scores in that order; ``timer`` times the phases (rollout, reward)."""
-        timer = timer or (lambda phase: contextlib.nullcontext())
-        with timer("rollout"):
-            groups = self.workers.episodes([self.encode(p) for p, _ in prompts], [m for _, m in prompts], n,
-                                           Sampling(self.cfg.rollout.max_response_len, temperature), seeds)
-        flat = [t for group in groups for t in group]
-        with timer("reward"):
-            scores = self.score([self.decode(t.tokens[t.prompt_len:]) for t in flat], [t.metadata for t in flat])
-        rewards = neutral_fill(scores.total, scores.failed, torch.arange(len(prompts)).repeat_interleave(n)).float()
-        for row, t in enumerate(flat):
-            t.group, t.reward, t.failed = row // n, float(rewards[row]), bool(scores.failed[row])
-        return groups, scores
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int]) -> list[list[Trajectory]]:
+        return self.workers.episodes(prompts, metadata, n, sampling, seeds)
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
     def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
@@ -116,9 +75,3 @@ class ColocatedSource:
                         "sampling/groups_kept": float(len(kept.kept))})
         return kept.trajectories(), Scores.cat(scored)
 
-
-def prompt_seeds(count: int, run_seed: int, *where) -> list[int]:
-    """One rollout seed for each of ``count`` prompts, fixed by the run's seed and where the prompts are drawn
-    (``"train", step, round`` / ``"eval", step``): a resumed run samples exactly what the uninterrupted one did."""
-    key = "/".join(map(str, (run_seed, *where)))
-    return [random.Random(f"{key}/{i}").getrandbits(31) for i in range(count)]

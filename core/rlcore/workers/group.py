@@ -67,6 +67,23 @@ def death_cause(error: Exception) -> str:
     return f"Ray says: worker exit type {exit_type}"
 
 
+def start_ray(cfg: Config) -> None:
+    """Join ``trainer.ray_address``'s cluster, or start an embedded one, unless Ray runs already."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.trainer.ray_address:
+        ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
+    else:  # embedded; Ray's CPUs are scheduling slots: one per worker (actor's, critic's, rollout's), whatever the
+        # core count. address="local": a Ray of its own even while another process on this host runs a cluster
+        # (ray.init() would try to join the one in /tmp/ray/ray_current_cluster and fail on num_cpus)
+        workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
+        workers += cfg.rollout.world_size if cfg.trainer.mode == "async" else 0
+        ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
+                 log_to_driver=True)
+
+
 class WorkerGroup:
     """Workers of one class (the actor+rollout workers, or the critic's), forming their own torch.distributed world:
     in this process when there is one, else one Ray actor per process."""
@@ -91,15 +108,7 @@ class WorkerGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if not ray.is_initialized():
-            if cfg.trainer.ray_address:
-                ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
-            else:  # embedded; Ray's CPUs are scheduling slots: one per worker (actor's and critic's), whatever
-                # the core count. address="local": a Ray of its own even while another process on this host runs a
-                # cluster (ray.init() would try to join the one in /tmp/ray/ray_current_cluster and fail on num_cpus)
-                workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
-                ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
-                         log_to_driver=True)
+        start_ray(cfg)
         self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
         master = (ray.util.get_node_ip_address(), free_port())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore.config import Config, bind_plugin_section
-from rlcore.data import Batch
+from rlcore.data import Batch, build_sequences
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.hybrid import HybridEngine
@@ -23,6 +23,7 @@ from rlcore.rollout.requests import episodes
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
+    from rlcore.weight_sync.push import WeightPushSender
 
 
 def _node() -> str:
@@ -82,6 +83,16 @@ def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coor
                   leads_replica=rank % rollout_tp == 0, node=_node(), tp_rank=mpu.get_tensor_model_parallel_rank(),
                   pp_rank=mpu.get_pipeline_model_parallel_rank(), cp_rank=mpu.get_context_parallel_rank(),
                   ep_rank=mpu.get_expert_model_parallel_rank())
+
+
+def starts_weightless(model_path: str, hf_config: dict) -> bool:
+    """An engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load; a
+    converted checkpoint's Megatron weights): it starts from the config without weights, and the first push gives it
+    the actor's."""
+    from rlcore.hf_to_megatron import is_converted
+    from rlcore.quantization import checkpoint_quantization
+
+    return is_converted(model_path) or checkpoint_quantization(hf_config) is not None
 
 
 class Worker:
@@ -151,21 +162,20 @@ class Worker:
         return state
 
 
-class ActorRolloutWorker(Worker):
+class ActorWorker(Worker):
+    """The actor's training side: the Megatron model, its updates, export; and, in async mode, the push of its
+    weights to the rollout workers (``rlcore.weight_sync.push``)."""
     role = "actor"
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
                  world_size: int = 1, master: tuple[str, int] | None = None):
         super().__init__(cfg, plugin_names, rank, world_size, master)
-        from rlcore.hf_checkpoint import weightless_copy
-        from rlcore.hf_to_megatron import is_converted
         from rlcore.megatron.actor import MegatronActor
         from rlcore.megatron.model import read_hf_config, starting_weights
-        from rlcore.quantization import checkpoint_quantization
 
         reg = self.registry
-        hf_config = read_hf_config(model_path)
-        self.actor = MegatronActor(reg.get("models", cfg.model.family), hf_config, cfg.actor,
+        self.hf_config = read_hf_config(model_path)
+        self.actor = MegatronActor(reg.get("models", cfg.model.family), self.hf_config, cfg.actor,
                                    reg.get("optimizers", cfg.actor.optim.name), hf_state=starting_weights(model_path),
                                    seed=cfg.run.seed, bucket_bytes=int(cfg.rollout.sync_bucket_mb * (1 << 20)),
                                    sync_transport=cfg.rollout.sync_transport,
@@ -173,38 +183,14 @@ class ActorRolloutWorker(Worker):
         self.trainable = self.actor
         if self.algorithm.needs_reference(self.algo_cfg):    # the starting weights, also when a run resumes
             self.actor.freeze_reference()
-        # an engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load;
-        # a converted checkpoint's Megatron weights): it starts from the config without weights, and the first push
-        # gives it the actor's
-        weightless = is_converted(model_path) or checkpoint_quantization(hf_config) is not None
-        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if weightless else None
-        self.rollout = reg.get("rollout_backends", cfg.rollout.backend).factory(
-            weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
-            seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=world_size > 1,
-            **({"load_weights": False} if weightless else {}))
-        self.agent = reg.get("agents", cfg.rollout.agent).build(model_path)
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
-        self.coords = parallel_coords(rank, cfg.rollout.tp, world_size)
+        self.coords = parallel_coords(rank, cfg.rollout.tp if cfg.trainer.mode == "colocated" else 1, world_size)
+        self.pusher: WeightPushSender | None = None   # async mode, global rank 0: the sending end of the weight push
 
-    # --- rollout -------------------------------------------------------------------------------------------------
     def get_coords(self) -> Coords:
         return self.coords
 
-    def rollout_mode(self):
-        return self.engine.rollout_mode()
-
     def train_mode(self) -> None:
-        self.engine.train_mode()
-
-    def sync_weights(self):
-        return self.engine.sync_weights()
-
-    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
-                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
-        return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
-
-    def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
-        return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
+        """Always in train mode: no engine shares this process (``ActorRolloutWorker`` has one)."""
 
     # --- training ------------------------------------------------------------------------------------------------
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -213,22 +199,31 @@ class ActorRolloutWorker(Worker):
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
         loss_fn = ActorLoss(self.algorithm, self.algo_cfg, self.cfg, total_tokens, total_sequences, on_policy)
-        metrics = self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
-        self.engine.mark_updated()
-        return metrics
+        return self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
 
-    def checkpoint_extras(self) -> dict:
-        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
+    # --- async mode: the weights to the rollout workers --------------------------------------------------------
+    def open_push(self, address: str, receivers: int) -> None:
+        """Global rank 0 becomes the channel's sender (the rollout workers open its receiving ends at once)."""
+        if self.coords.rank == 0:
+            from rlcore.weight_sync.push import WeightPushSender
 
-    def load_checkpoint(self, directory: str) -> dict:
-        state = super().load_checkpoint(directory)
-        self.engine.weights_version = state["updates"]     # the learner's version, as the engine reports it
-        self.engine.synced_version = -1     # the engine still holds the starting weights: push them
-        if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
-            self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
-            self.engine.train_mode()
-        return state
+            self.pusher = WeightPushSender(address, receivers, int(self.cfg.rollout.sync_bucket_mb * (1 << 20)),
+                                           self.cfg.rollout.sync_transport)
 
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Collective: every rank streams the full HF tensors (``actor.hf_weights``), rank 0 sends them on."""
+        if self.pusher is None:
+            for _ in self.actor.hf_weights():
+                pass
+            return {}
+        stats = self.pusher.send(self.actor.hf_weights(), version)
+        return {"sync/seconds": stats.seconds, "sync/bytes": float(stats.bytes), "sync/tensors": float(stats.tensors)}
+
+    def probe_logprobs(self, prompts, responses, pad_id: int) -> torch.Tensor:
+        """The actor's logprobs of ``responses`` after ``prompts`` (the engine check's trainer side), [N, S]."""
+        return self.actor.logprobs(Batch(build_sequences(prompts, responses, pad_id)))
+
+    # --- the rest --------------------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
         """Sums of this rank's parameters, split into MoE experts, TP-sharded and replicated ones: data-parallel
         replicas holding the same shard must agree on all three, the ranks of a pipeline stage on the replicated
@@ -252,6 +247,65 @@ class ActorRolloutWorker(Worker):
         return self.actor.num_parameters()
 
     def stop(self) -> None:
+        if self.pusher is not None:
+            self.pusher.close()
+            self.pusher = None
+
+
+class ActorRolloutWorker(ActorWorker):
+    """Colocated mode: the actor and a rollout engine shard on the same device, handing it over in turn
+    (``HybridEngine``)."""
+
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
+                 world_size: int = 1, master: tuple[str, int] | None = None):
+        super().__init__(cfg, plugin_names, model_path, rank, world_size, master)
+        from rlcore.hf_checkpoint import weightless_copy
+
+        weightless = starts_weightless(model_path, self.hf_config)
+        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if weightless else None
+        self.rollout = self.registry.get("rollout_backends", cfg.rollout.backend).factory(
+            weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
+            seed=cfg.run.seed, max_model_len=self.hf_config["max_position_embeddings"], distributed=world_size > 1,
+            **({"load_weights": False} if weightless else {}))
+        self.agent = self.registry.get("agents", cfg.rollout.agent).build(model_path)
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
+
+    # --- rollout -------------------------------------------------------------------------------------------------
+    def rollout_mode(self):
+        return self.engine.rollout_mode()
+
+    def train_mode(self) -> None:
+        self.engine.train_mode()
+
+    def sync_weights(self):
+        return self.engine.sync_weights()
+
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
+        return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
+
+    def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
+        return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
+
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
+        metrics = super().train_step(share, total_tokens, total_sequences, on_policy)
+        self.engine.mark_updated()
+        return metrics
+
+    def checkpoint_extras(self) -> dict:
+        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
+
+    def load_checkpoint(self, directory: str) -> dict:
+        state = super().load_checkpoint(directory)
+        self.engine.weights_version = state["updates"]     # the learner's version, as the engine reports it
+        self.engine.synced_version = -1     # the engine still holds the starting weights: push them
+        if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
+            self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
+            self.engine.train_mode()
+        return state
+
+    def stop(self) -> None:
+        super().stop()
         if self.rollout is not None:
             self.rollout.stop()
             self.rollout = None

@@ -1,0 +1,290 @@
+"""The queued rollout source (``trainer.mode=async``): rollout workers of their own generate while the learner
+trains. A producer (an asyncio loop on a thread of the driver) keeps groups in flight on the rollout workers as far
+as admission allows (``rlcore.rollout.staleness``) and puts each finished group into a buffer; the loop's
+``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the colocated source
+does) and drops those the filter refuses, which gives their places back to the producer. After each update the
+trainer's weights are pushed to every rollout worker (``weights_updated``).
+
+Prompts are drawn as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
+seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw order, so that with
+``rollout.max_staleness=0`` a run samples and trains exactly what the colocated run does."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from rlcore.config import Config
+from rlcore.data import Batch, build_sequences
+from rlcore.errors import RlcoreError
+from rlcore.rewards import RewardComposer, Scores, SourceDispatch
+from rlcore.rollout.source import Source, prompt_seeds
+from rlcore.rollout.staleness import Admission
+from rlcore.specs import Sampling, Task
+from rlcore.trajectory import Trajectory
+from rlcore.weight_sync.logprob_check import fixed_probe
+
+if TYPE_CHECKING:
+    from rlcore.workers.group import WorkerGroup
+    from rlcore.workers.rollout_worker import RolloutWorkers
+
+
+def _untimed(phase: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+@dataclass
+class Produced:
+    group: list[Trajectory]
+    draw: int                 # which draw of prompts, and which prompt of it: the order a step's groups train in
+    index: int
+    version: int              # the admission version (in steps) when its generation started
+
+
+class QueuedSource(Source):
+    def __init__(self, cfg: Config, trainer: "WorkerGroup", rollout: "RolloutWorkers", task: Task, tokenizer,
+                 max_len: int, rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
+        import ray
+
+        from rlcore.launch import free_port
+
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
+        self.trainer, self.rollout = trainer, rollout
+        self.batch = cfg.trainer.prompts_per_step
+        self.admission = Admission(cfg.rollout.max_staleness, self.batch)
+        self.buffer: collections.deque[Produced] = collections.deque()
+        self.changed = threading.Condition()      # the buffer, the admission counters and the error
+        self.error: BaseException | None = None
+        self.pushed = 0                           # the learner version the engines hold
+        self.draws = 0
+        self.waiting: list[tuple[list[int], dict, int, int, int]] = []   # prompts of the draw not started yet
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.wake: asyncio.Event | None = None
+        self.stats = {"rollout_tokens": 0}
+        self.last_take: float | None = None
+        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
+        receivers = [w.open_push.remote(address, i + 1, rollout.world) for i, w in enumerate(rollout.workers)]
+        trainer.call("open_push", address, rollout.world)
+        ray.get(receivers)
+        if any(w["weightless"] for w in rollout.where):     # engines started without weights get the actor's now
+            self.pushed = -1
+            self.weights_updated(0, 0, _untimed, {})
+
+    # --- the producer (its own thread and event loop) ------------------------------------------------------------
+    def _start(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="rlcore-producer", daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._produce(), self.loop)
+
+    async def _produce(self) -> None:
+        self.wake = asyncio.Event()
+        load = [0] * self.rollout.world
+        try:
+            while True:
+                with self.changed:
+                    wave = self._next_prompts(self.admission.capacity())
+                    self.admission.start(len(wave))
+                if not wave:
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                worker = min(range(len(load)), key=load.__getitem__)
+                load[worker] += len(wave)
+                asyncio.ensure_future(self._generate(worker, wave, load))
+        except BaseException as e:    # the consumer hears of it
+            self._fail(e)
+
+    def _next_prompts(self, count: int) -> list[tuple[list[int], dict, int, int, int]]:
+        """Up to ``count`` prompts of the current draw (a new draw when it is used up): (tokens, metadata, seed,
+        draw, index)."""
+        if count and not self.waiting:
+            self.draws += 1
+            prompts = self.task.train_prompts(self.draws, self.batch)
+            seeds = prompt_seeds(len(prompts), self.cfg.run.seed, "train", self.draws, 1)
+            self.waiting = [(self.encode(p), m, s, self.draws, i) for i, ((p, m), s) in enumerate(zip(prompts, seeds))]
+        wave, self.waiting = self.waiting[:count], self.waiting[count:]
+        return wave
+
+    async def _generate(self, worker: int, wave: list, load: list[int]) -> None:
+        version = self.admission.version
+        sampling = Sampling(self.cfg.rollout.max_response_len, self.cfg.rollout.temperature)
+        try:
+            stream = self.rollout.workers[worker].stream_groups.options(num_returns="streaming").remote(
+                [p for p, *_ in wave], [m for _, m, *_ in wave], self.cfg.rollout.n, sampling,
+                [s for _, _, s, *_ in wave], f"d{wave[0][3]}-{wave[0][4]}")
+            async for ref in stream:
+                i, group = await ref
+                _, _, _, draw, index = wave[i]
+                with self.changed:
+                    self.buffer.append(Produced(group, draw, index, version))
+                    self.admission.finish(kept=True)
+                    self.stats["rollout_tokens"] += sum(sum(t.loss_mask) for t in group)
+                    self.changed.notify_all()
+                load[worker] -= 1
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        with self.changed:
+            self.error = self.error or error
+            self.changed.notify_all()
+
+    def _poke(self) -> None:
+        """Tell the producer that admission may have room now (from the main thread)."""
+        if self.loop is not None and self.wake is not None:
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+    # --- what the loop asks for ----------------------------------------------------------------------------------
+    def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
+        """``trainer.prompts_per_step`` groups the filter keeps, in draw order, taken as they come (at most
+        ``rollout.max_sampling_rounds`` times that many looked at); every group sampled for the step is scored."""
+        cfg = self.cfg
+        if self.loop is None:
+            self._start()
+        with self.changed:
+            self.admission.version = step - 1     # the weights of step - 1 updates are on the engines
+        self._poke()
+        kept: list[Produced] = []
+        sampled: list[tuple[tuple[int, int], Scores]] = []
+        behind: list[int] = []
+        looked = dropped = stale = depth = 0
+        waited_before = timer.seconds.get("wait", 0.0)
+        while len(kept) < self.batch and looked < cfg.rollout.max_sampling_rounds * self.batch:
+            with timer("wait"):
+                produced, depth = self._take()
+            looked += 1
+            lag = step - 1 - produced.version
+            if lag > cfg.rollout.max_staleness:        # a group from before a resume: never trained on
+                stale += 1
+                self._give_back()
+                continue
+            scores = self.scored([produced.group], timer)
+            sampled.append(((produced.draw, produced.index), scores))
+            if self.keep_group(torch.tensor([t.reward for t in produced.group], dtype=torch.float32)):
+                kept.append(produced)
+                behind.append(lag)
+            else:
+                dropped += 1
+                self._give_back()
+        now = time.perf_counter()
+        if self.last_take is not None:            # the share of the trainer's time spent waiting for groups
+            metrics["async/trainer_idle_frac"] = (timer.seconds["wait"] - waited_before) / (now - self.last_take)
+        self.last_take = now
+        kept.sort(key=lambda p: (p.draw, p.index))
+        for g, produced in enumerate(kept):
+            for t in produced.group:
+                t.group = g
+        trajectories = [t for p in kept for t in p.group]
+        spans = [t.version[1] - t.version[0] for t in trajectories]
+        metrics.update({"sampling/groups_dropped": float(dropped), "sampling/groups_kept": float(len(kept)),
+                        "sampling/rounds": -(-looked // self.batch),
+                        "async/staleness_mean": sum(behind) / len(behind) if behind else 0.0,
+                        "async/staleness_max": float(max(behind, default=0)), "async/stale_dropped": float(stale),
+                        "async/queue_depth": float(depth),
+                        "async/partial_frac": sum(s > 0 for s in spans) / len(spans) if spans else 0.0,
+                        "async/partial_span_max": float(max(spans, default=0))})
+        sampled.sort(key=lambda item: item[0])
+        return trajectories, Scores.cat([s for _, s in sampled])
+
+    def _take(self) -> tuple[Produced, int]:
+        """The oldest finished group (waiting for one), and how many were in the buffer."""
+        with self.changed:
+            while not self.buffer and self.error is None:
+                self.changed.wait()
+            if self.error is not None:
+                raise RlcoreError(f"rollout worker failed: {self.error}") from self.error
+            depth = len(self.buffer)
+            return self.buffer.popleft(), depth
+
+    def _give_back(self) -> None:
+        """A group that will not train gives its place in the admission count back."""
+        with self.changed:
+            self.admission.accepted -= 1
+        self._poke()
+
+    # --- weights -------------------------------------------------------------------------------------------------
+    def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
+        """Push the learner's new weights to every rollout worker (each pauses its engine for the load); on
+        ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against the
+        trainer."""
+        import ray
+
+        if version == self.pushed:
+            return
+        every = self.cfg.trainer.check_logprobs_every
+        probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
+        sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
+        with timer("sync"):
+            received = [w.receive_weights.remote(sequences) for w in self.rollout.workers]
+            sent = self.trainer.call("push_weights", version)[0]
+            results = ray.get(received)
+        self.pushed = version
+        metrics.update(sent)
+        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
+        if probe is not None:
+            metrics["check/logprob_max_diff"] = self._check(probe, [r["scores"] for r in results])
+
+    def _check(self, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
+        """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
+        past trainer.logprob_tolerance."""
+        from rlcore.weight_sync.logprob_check import LogprobComparison, raise_if_disagree
+
+        prompts, responses = probe
+        batch = Batch(build_sequences(prompts, responses, self.tokenizer.eos_token_id))
+        actor = self.trainer.logprobs(batch)
+        mask = batch["response_mask"].bool()
+        worst = LogprobComparison(0.0, 0.0, int(mask.sum()))
+        for scores in engines:
+            engine = Batch(build_sequences(prompts, responses, self.tokenizer.eos_token_id,
+                                           response_logprobs=scores))["rollout_logprobs"]
+            diff = (actor[mask] - engine[mask]).abs()
+            if float(diff.max()) >= worst.max_abs_diff:
+                worst = LogprobComparison(float(diff.max()), float(diff.mean()), int(mask.sum()))
+        raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
+        return worst.max_abs_diff
+
+    def resumed(self, step: int, version: int) -> None:
+        """Push the restored weights; admission goes on from the consumed groups (what was in flight is lost)."""
+        self.weights_updated(version, step, _untimed, {})
+        self.admission.rebase(step, step * self.batch)
+        self.draws = step
+
+    def sync(self) -> dict[str, float]:
+        return {}                 # every update is pushed as it happens (weights_updated)
+
+    # --- evaluation ------------------------------------------------------------------------------------------------
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int]) -> list[list[Trajectory]]:
+        """Split over the rollout workers, beside the groups the producer has in flight."""
+        import ray
+
+        from rlcore.workers.group import _shares
+
+        parts = _shares(len(prompts), self.rollout.world)
+        results = ray.get([w.episodes.remote([prompts[i] for i in part], [metadata[i] for i in part], n, sampling,
+                                             [seeds[i] for i in part], f"eval{w_index}")
+                           for w_index, (w, part) in enumerate(zip(self.rollout.workers, parts))])
+        return [g for part in results for g in part]
+
+    def close(self) -> None:
+        """Cancel the producer's requests and stop its loop (before the rollout workers stop)."""
+        if self.loop is None:
+            return
+        loop, self.loop = self.loop, None
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        self.thread.join(timeout=30)

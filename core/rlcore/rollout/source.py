@@ -1,0 +1,106 @@
+"""What every rollout source does around its engines: prompts to tokens and back, episodes scored by the run's
+rewards into groups. A source (colocated, queued) adds where the episodes run and how the loop gets its batch."""
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import random
+from typing import Callable
+
+import torch
+
+from rlcore.config import Config
+from rlcore.errors import RlcoreError
+from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
+from rlcore.specs import Sampling, Task
+from rlcore.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class Source(abc.ABC):
+    """Prompts from ``task`` → ``rollout.n`` episodes each of the run's agent → scored by ``rewards``; the groups
+    ``keep_group`` accepts (dynamic sampling) train."""
+
+    def __init__(self, cfg: Config, task: Task, tokenizer, max_len: int, rewards: RewardComposer | SourceDispatch,
+                 keep_group: Callable[[torch.Tensor], bool]):
+        self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
+        self.rewards, self.keep_group, self.max_len = rewards, keep_group, max_len
+        self.failure_reasons_seen: set[str] = set()
+
+    # --- what a source provides ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int]) -> list[list[Trajectory]]:
+        """``n`` episodes per prompt, one group per prompt, in prompt order, with the current weights."""
+
+    @abc.abstractmethod
+    def sync(self) -> dict[str, float]:
+        """Bring the engines up to the learner's weights (no-op when they are); what the push moved."""
+
+    @abc.abstractmethod
+    def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
+        """The step's trajectories, and the scores of everything sampled for it (kept or not)."""
+
+    def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
+        """The learner is at ``version`` after ``step`` trained (or after a resume from it)."""
+
+    def resumed(self, step: int, version: int) -> None:
+        """The run continues after ``step`` from a checkpoint, the learner at ``version``."""
+
+    def close(self) -> None:
+        """Stop what the source runs (threads, workers of its own)."""
+
+    # --- tokens and rewards --------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
+            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens; with rollout.max_response_len "
+                              f"{self.cfg.rollout.max_response_len} it exceeds the model's context "
+                              f"{self.max_len}. Shorten prompts or lower rollout.max_response_len.")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        assert isinstance(text, str)          # one sequence in, one string out
+        return text
+
+    def score(self, texts: list[str], meta: list[dict]) -> Scores:
+        scores = self.rewards(texts, meta)
+        for reason, count in scores.reasons.items():
+            if reason not in self.failure_reasons_seen:   # each reason once; counts go to the metrics
+                self.failure_reasons_seen.add(reason)
+                log.warning("reward failed for %d sample(s), marked failed and left out of the loss: %s", count,
+                            reason)
+        return scores
+
+    def scored(self, groups: list[list[Trajectory]], timer=None) -> Scores:
+        """Score the groups' trajectories, setting each one's group (its index here), reward (a failed one: its
+        group's neutral fill) and failure; returns the scores in order."""
+        timer = timer or (lambda phase: contextlib.nullcontext())
+        flat = [t for group in groups for t in group]
+        with timer("reward"):
+            scores = self.score([self.decode(t.tokens[t.prompt_len:]) for t in flat], [t.metadata for t in flat])
+        group_ids = torch.tensor([g for g, group in enumerate(groups) for _ in group])
+        rewards = neutral_fill(scores.total, scores.failed, group_ids).float()
+        for row, t in enumerate(flat):
+            t.group, t.reward, t.failed = int(group_ids[row]), float(rewards[row]), bool(scores.failed[row])
+        return scores
+
+    def groups(self, prompts: list[tuple[str, dict]], n: int, temperature: float, seeds: list[int],
+               timer=None) -> tuple[list[list[Trajectory]], Scores]:
+        """``n`` scored episodes of the run's agent for each prompt (sampled with its seed at ``temperature``), one
+        group per prompt, and their scores in that order; ``timer`` times the phases (rollout, reward)."""
+        timer = timer or (lambda phase: contextlib.nullcontext())
+        with timer("rollout"):
+            groups = self.episodes([self.encode(p) for p, _ in prompts], [m for _, m in prompts], n,
+                                   Sampling(self.cfg.rollout.max_response_len, temperature), seeds)
+        return groups, self.scored(groups, timer)
+
+
+def prompt_seeds(count: int, run_seed: int, *where) -> list[int]:
+    """One rollout seed for each of ``count`` prompts, fixed by the run's seed and where the prompts are drawn
+    (``"train", step, round`` / ``"eval", step``): a resumed run samples exactly what the uninterrupted one did."""
+    key = "/".join(map(str, (run_seed, *where)))
+    return [random.Random(f"{key}/{i}").getrandbits(31) for i in range(count)]

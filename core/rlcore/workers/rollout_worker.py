@@ -1,0 +1,164 @@
+"""Async mode's rollout workers: processes of their own (Ray actors in a placement group apart from the trainer's),
+each hosting one engine replica behind a ``PausableEngine``, running the run's agent on the prompts the driver's
+producer sends, and taking weight pushes from the trainer while other requests are in flight.
+
+A worker is an asyncio Ray actor: every call runs on one event loop, where the engine steps between requests, so
+groups stream back as they finish (a Ray streaming generator) and a push (pause, load, resume) interleaves with them.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from rlcore.config import Config
+from rlcore.specs import Sampling
+from rlcore.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rlcore.weight_sync.push import WeightPushReceiver
+
+
+class RolloutWorker:
+    role = "rollout"
+
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, index: int):
+        from rlcore.workers.worker import join_world
+
+        join_world(0, 1, None)
+        self.cfg, self.plugin_names, self.model_path, self.index = cfg, plugin_names, model_path, index
+        self.receiver: WeightPushReceiver | None = None
+        self.engine_dir: str | None = None
+        self.pid = os.getpid()
+
+    async def start(self) -> dict:
+        """Build the engine on the actor's event loop (an engine may bind to the loop it is built on); where this
+        worker runs."""
+        import socket
+
+        from rlcore.megatron.model import read_hf_config
+        from rlcore.plugins import load_plugins
+        from rlcore.rollout.pausable import PausableEngine
+
+        from rlcore.hf_checkpoint import weightless_copy
+        from rlcore.workers.worker import starts_weightless
+
+        registry = load_plugins(self.plugin_names).registry
+        cfg = self.cfg
+        hf_config = read_hf_config(self.model_path)
+        self.engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if starts_weightless(self.model_path, hf_config) \
+            else None
+        backend = registry.get("rollout_backends", cfg.rollout.backend).factory(
+            weightless_copy(self.model_path, self.engine_dir) if self.engine_dir else self.model_path, cfg.rollout,
+            seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=False,
+            **({"load_weights": False} if self.engine_dir else {}))
+        self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
+        self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path)
+        self.started = time.perf_counter()
+        return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir)}
+
+    async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory]]:
+        return i, await self._group(*args)
+
+    async def _group(self, prompt: list[int], metadata: dict, n: int, sampling: Sampling, seed: int | None,
+                     tag: str) -> list[Trajectory]:
+        return list(await asyncio.gather(*(self.agent.run(prompt, metadata, self.engine, sampling,
+                                                          None if seed is None else seed + j, f"{tag}-{j}")
+                                           for j in range(n))))
+
+    async def stream_groups(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                            seeds: list[int], tag: str) -> AsyncIterator[tuple[int, list[Trajectory]]]:
+        """``n`` episodes of each prompt, all requests issued at once (the engine batches them as the colocated
+        worker's ``episodes`` does: sample j of prompt i seeded ``seeds[i] + j``); yields (i, group) as each group
+        completes."""
+        tasks = [asyncio.ensure_future(self._indexed(i, p, m, n, sampling, s, f"{tag}-{i}"))
+                 for i, (p, m, s) in enumerate(zip(prompts, metadata, seeds))]
+        try:
+            for done in asyncio.as_completed(tasks):
+                yield await done
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                       seeds: list[int], tag: str = "episode") -> list[list[Trajectory]]:
+        """All groups at once, in prompt order (evaluation)."""
+        return list(await asyncio.gather(*(self._group(p, m, n, sampling, s, f"{tag}-{i}")
+                                           for i, (p, m, s) in enumerate(zip(prompts, metadata, seeds)))))
+
+    # --- weights -------------------------------------------------------------------------------------------------
+    async def open_push(self, address: str, rank: int, receivers: int) -> None:
+        """The receiving end of the trainer's weight push (the trainer's rank 0 opens the sending end at once)."""
+        from rlcore.weight_sync.push import WeightPushReceiver
+
+        cfg = self.cfg.rollout
+        self.receiver = WeightPushReceiver(address, rank, receivers, int(cfg.sync_bucket_mb * (1 << 20)),
+                                           cfg.sync_transport)     # connects at the first receive
+
+    async def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None = None
+                              ) -> dict:
+        """Pause the engine (``rollout.partial``: abort what is in flight, to resume it after; else let it finish),
+        load the pushed weights, score ``probe`` (sequences, start) with them if given, resume."""
+        assert self.receiver is not None, "open_push first"
+        paused = time.perf_counter()
+        await self.engine.pause()
+        drained = time.perf_counter() - paused
+        try:
+            version, stream = self.receiver.receive()
+            self.engine.update_weights(stream, version)
+            scores = self.engine.score(*probe) if probe is not None else None
+        finally:
+            self.engine.resume()
+        return {"version": version, "scores": scores, "drain_seconds": drained,
+                "pause_seconds": time.perf_counter() - paused}
+
+    async def stats(self) -> dict:
+        """The engine's counters since the last call (idle time, resumed requests, tokens)."""
+        return dataclasses.asdict(self.engine.stats())
+
+    async def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
+        engine = vars(self).pop("engine", None)
+        if engine is not None:
+            engine.stop()
+        if self.engine_dir:
+            shutil.rmtree(self.engine_dir, ignore_errors=True)
+
+
+class RolloutWorkers:
+    """The driver's handle on the rollout workers: ``rollout.world_size`` Ray actors in a placement group of their
+    own, started and ready (engines built) on return."""
+
+    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlcore.workers.group import start_ray
+
+        start_ray(cfg)
+        self.world = cfg.rollout.world_size
+        self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
+        ray.get(self.placement.ready())
+        env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+        remote_cls = ray.remote(num_cpus=1)(RolloutWorker)
+        self.workers: list[Any] = [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
+                                           runtime_env=env).remote(cfg, plugin_names, model_path, i)
+                        for i in range(self.world)]
+        self.where = ray.get([w.start.remote() for w in self.workers])
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            ray.get([w.stop.remote() for w in self.workers], timeout=60)
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+            ray.util.remove_placement_group(self.placement)
