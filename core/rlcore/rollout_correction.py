@@ -142,6 +142,19 @@ def check_old_logprobs_source(source: str, cfg) -> None:
                           f"1. Use actor.old_logprobs=actor with the correction, or leave the correction off")
 
 
+def async_default(cfg, config_cls: type) -> str | None:
+    """In async mode with ``rollout.max_staleness`` > 0 the samples come from older weights than the learner's, and
+    async runs collapse without importance correction (NeMo-RL's finding): token-level truncated importance
+    weights pi_learner / pi_behaviour are on unless the run set ``algorithm.rollout_is`` itself (with the default
+    ``actor.old_logprobs=actor`` the clipped ratio is then against the learner's weights before the update, the
+    decoupled PPO loss). Sets it in ``cfg.algorithm`` (every worker binds that) and returns what it set."""
+    if (cfg.trainer.mode != "async" or cfg.rollout.max_staleness == 0 or "rollout_is" in cfg.algorithm
+            or cfg.actor.old_logprobs != "actor" or not issubclass(config_cls, RolloutCorrection)):
+        return None
+    cfg.algorithm["rollout_is"] = "token"
+    return "algorithm.rollout_is=token"
+
+
 def check_correction_options(cfg) -> None:
     """Validate the correction keys of an algorithm config that has them (one line naming the key)."""
     from rlcore.errors import ConfigError

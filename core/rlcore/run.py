@@ -19,7 +19,7 @@ from rlcore.preflight import check_optimizers, check_rollout_backend
 from rlcore.rewards import build_rewards
 from rlcore.rollout.colocated import ColocatedSource
 from rlcore.rollout.source import Source
-from rlcore.rollout_correction import check_old_logprobs_source
+from rlcore.rollout_correction import async_default, check_old_logprobs_source
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
@@ -38,6 +38,11 @@ class Run:
         reg = plugins.registry
         self.spec = reg.get("models", cfg.model.family)
         self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
+        corrected = async_default(cfg, self.algorithm.config_cls)
+        if corrected:
+            log.warning("trainer.mode=async with rollout.max_staleness=%d: %s (truncated importance weights against "
+                        "the engine's logprobs); set algorithm.rollout_is=none to train uncorrected",
+                        cfg.rollout.max_staleness, corrected)
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         check_old_logprobs_source(cfg.actor.old_logprobs, self.algo_cfg)
         task_spec = reg.get("tasks", cfg.task.name)

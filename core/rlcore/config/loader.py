@@ -116,6 +116,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.mode", lambda v: v in ("colocated", "async"), "colocated or async"),
     ("rollout.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.max_staleness", lambda v: v >= 0, "an integer >= 0"),
+    ("rollout.request_timeout", lambda v: v >= 0, "a number of seconds >= 0 (0 = no limit)"),
     ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.max_sampling_rounds", lambda v: v >= 1, "an integer >= 1"),

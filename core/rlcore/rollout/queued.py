@@ -22,7 +22,7 @@ import torch
 
 from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
-from rlcore.errors import RlcoreError
+from rlcore.errors import WorkerDied
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.source import Source, prompt_seeds
 from rlcore.rollout.staleness import Admission
@@ -60,18 +60,19 @@ class QueuedSource(Source):
         self.admission = Admission(cfg.rollout.max_staleness, self.batch)
         self.buffer: collections.deque[Produced] = collections.deque()
         self.changed = threading.Condition()      # the buffer, the admission counters and the error
-        self.error: BaseException | None = None
+        self.error: str | None = None             # what stopped the rollout side, in one line
         self.pushed = 0                           # the learner version the engines hold
         self.draws = 0
         self.waiting: list[tuple[list[int], dict, int, int, int]] = []   # prompts of the draw not started yet
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake: asyncio.Event | None = None
-        self.stats = {"rollout_tokens": 0}
+        self.counts = {"tokens": 0, "timed_out": 0}   # since the last step's take
+        self.trained_tokens = 0                   # response tokens of the batch the trainer took last
         self.last_take: float | None = None
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        receivers = [w.open_push.remote(address, i + 1, rollout.world) for i, w in enumerate(rollout.workers)]
+        receivers = self._issue("open_push", per_worker=[(address, i + 1, rollout.world) for i in range(rollout.world)])
         trainer.call("open_push", address, rollout.world)
-        ray.get(receivers)
+        self._gather(receivers)
         if any(w["weightless"] for w in rollout.where):     # engines started without weights get the actor's now
             self.pushed = -1
             self.weights_updated(0, 0, _untimed, {})
@@ -98,8 +99,10 @@ class QueuedSource(Source):
                 worker = min(range(len(load)), key=load.__getitem__)
                 load[worker] += len(wave)
                 asyncio.ensure_future(self._generate(worker, wave, load))
+        except asyncio.CancelledError:
+            raise
         except BaseException as e:    # the consumer hears of it
-            self._fail(e)
+            self._fail(f"the rollout producer failed: {type(e).__name__}: {e}")
 
     def _next_prompts(self, count: int) -> list[tuple[list[int], dict, int, int, int]]:
         """Up to ``count`` prompts of the current draw (a new draw when it is used up): (tokens, metadata, seed,
@@ -123,17 +126,24 @@ class QueuedSource(Source):
                 i, group = await ref
                 _, _, _, draw, index = wave[i]
                 with self.changed:
-                    self.buffer.append(Produced(group, draw, index, version))
-                    self.admission.finish(kept=True)
-                    self.stats["rollout_tokens"] += sum(sum(t.loss_mask) for t in group)
+                    if group is None:           # past rollout.request_timeout: dropped, its place given back
+                        self.counts["timed_out"] += 1
+                        self.admission.finish(kept=False)
+                    else:
+                        self.buffer.append(Produced(group, draw, index, version))
+                        self.admission.finish(kept=True)
+                        self.counts["tokens"] += sum(sum(t.loss_mask) for t in group)
                     self.changed.notify_all()
                 load[worker] -= 1
+                self._poke()
+        except asyncio.CancelledError:
+            raise
         except BaseException as e:
-            self._fail(e)
+            self._fail(self.rollout.failed(worker, e))
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, message: str) -> None:
         with self.changed:
-            self.error = self.error or error
+            self.error = self.error or message
             self.changed.notify_all()
 
     def _poke(self) -> None:
@@ -173,15 +183,13 @@ class QueuedSource(Source):
             else:
                 dropped += 1
                 self._give_back()
-        now = time.perf_counter()
-        if self.last_take is not None:            # the share of the trainer's time spent waiting for groups
-            metrics["async/trainer_idle_frac"] = (timer.seconds["wait"] - waited_before) / (now - self.last_take)
-        self.last_take = now
+        metrics.update(self._rates(timer.seconds["wait"] - waited_before))
         kept.sort(key=lambda p: (p.draw, p.index))
         for g, produced in enumerate(kept):
             for t in produced.group:
                 t.group = g
         trajectories = [t for p in kept for t in p.group]
+        self.trained_tokens = sum(sum(t.loss_mask) for t in trajectories)
         spans = [t.version[1] - t.version[0] for t in trajectories]
         metrics.update({"sampling/groups_dropped": float(dropped), "sampling/groups_kept": float(len(kept)),
                         "sampling/rounds": -(-looked // self.batch),
@@ -193,13 +201,52 @@ class QueuedSource(Source):
         sampled.sort(key=lambda item: item[0])
         return trajectories, Scores.cat([s for _, s in sampled])
 
+    def _rates(self, waited: float) -> dict[str, float]:
+        """Since the previous step's take: the share of the trainer's time spent waiting for groups, and of the
+        rollout workers' time with nothing to generate (or paused for a push); tokens/s on each side (the trainer's:
+        the last batch's response tokens over its time not waiting); groups timed out; partial-rollout resumes."""
+        now = time.perf_counter()
+        with self.changed:
+            counts, self.counts = self.counts, {"tokens": 0, "timed_out": 0}
+        engines = self._gather(self._issue("stats"))
+        metrics = {"async/groups_timed_out": float(counts["timed_out"]),
+                   "async/resumed_requests": float(sum(e["resumed_requests"] for e in engines)),
+                   "async/resumes_max": float(max(e["max_resumes"] for e in engines))}
+        if self.last_take is not None:
+            interval = now - self.last_take
+            metrics.update({"async/trainer_idle_frac": waited / interval,
+                            "async/rollout_idle_frac": sum(e["idle_s"] for e in engines) / (interval * len(engines)),
+                            "async/rollout_tokens_per_s": counts["tokens"] / interval,
+                            "async/trainer_tokens_per_s": self.trained_tokens / max(interval - waited, 1e-9)})
+        self.last_take = now
+        return metrics
+
+    def _issue(self, method: str, *args, per_worker: list[tuple] | None = None) -> list:
+        """``method`` called on every rollout worker (with ``per_worker[i]`` as worker i's arguments, if given)."""
+        arguments = per_worker or [args] * self.rollout.world
+        return [getattr(w, method).remote(*a) for w, a in zip(self.rollout.workers, arguments)]
+
+    def _gather(self, refs: list) -> list:
+        """The results of ``_issue``; a worker's failure stops the run with one line naming it."""
+        import ray
+
+        results = []
+        for index, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref))
+            except Exception as e:
+                message = self.rollout.failed(index, e)
+                self._fail(message)
+                raise WorkerDied(message) from None
+        return results
+
     def _take(self) -> tuple[Produced, int]:
         """The oldest finished group (waiting for one), and how many were in the buffer."""
         with self.changed:
             while not self.buffer and self.error is None:
                 self.changed.wait()
             if self.error is not None:
-                raise RlcoreError(f"rollout worker failed: {self.error}") from self.error
+                raise WorkerDied(self.error)
             depth = len(self.buffer)
             return self.buffer.popleft(), depth
 
@@ -214,17 +261,15 @@ class QueuedSource(Source):
         """Push the learner's new weights to every rollout worker (each pauses its engine for the load); on
         ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against the
         trainer."""
-        import ray
-
         if version == self.pushed:
             return
         every = self.cfg.trainer.check_logprobs_every
         probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
         sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
         with timer("sync"):
-            received = [w.receive_weights.remote(sequences) for w in self.rollout.workers]
+            received = self._issue("receive_weights", sequences)
             sent = self.trainer.call("push_weights", version)[0]
-            results = ray.get(received)
+            results = self._gather(received)
         self.pushed = version
         metrics.update(sent)
         metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
@@ -263,14 +308,12 @@ class QueuedSource(Source):
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int]) -> list[list[Trajectory]]:
         """Split over the rollout workers, beside the groups the producer has in flight."""
-        import ray
-
         from rlcore.workers.group import _shares
 
         parts = _shares(len(prompts), self.rollout.world)
-        results = ray.get([w.episodes.remote([prompts[i] for i in part], [metadata[i] for i in part], n, sampling,
-                                             [seeds[i] for i in part], f"eval{w_index}")
-                           for w_index, (w, part) in enumerate(zip(self.rollout.workers, parts))])
+        results = self._gather(self._issue("episodes", per_worker=[
+            ([prompts[i] for i in part], [metadata[i] for i in part], n, sampling, [seeds[i] for i in part],
+             f"eval{w}") for w, part in enumerate(parts)]))
         return [g for part in results for g in part]
 
     def close(self) -> None:

@@ -61,8 +61,11 @@ class RolloutWorker:
         self.started = time.perf_counter()
         return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir)}
 
-    async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory]]:
-        return i, await self._group(*args)
+    async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory] | None]:
+        try:
+            return i, await asyncio.wait_for(self._group(*args), self.cfg.rollout.request_timeout or None)
+        except asyncio.TimeoutError:    # its requests were aborted (a cancelled caller aborts its request)
+            return i, None
 
     async def _group(self, prompt: list[int], metadata: dict, n: int, sampling: Sampling, seed: int | None,
                      tag: str) -> list[Trajectory]:
@@ -71,10 +74,10 @@ class RolloutWorker:
                                            for j in range(n))))
 
     async def stream_groups(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
-                            seeds: list[int], tag: str) -> AsyncIterator[tuple[int, list[Trajectory]]]:
+                            seeds: list[int], tag: str) -> AsyncIterator[tuple[int, list[Trajectory] | None]]:
         """``n`` episodes of each prompt, all requests issued at once (the engine batches them as the colocated
         worker's ``episodes`` does: sample j of prompt i seeded ``seeds[i] + j``); yields (i, group) as each group
-        completes."""
+        completes, (i, None) for a group still running ``rollout.request_timeout`` seconds after it started."""
         tasks = [asyncio.ensure_future(self._indexed(i, p, m, n, sampling, s, f"{tag}-{i}"))
                  for i, (p, m, s) in enumerate(zip(prompts, metadata, seeds))]
         try:
@@ -152,6 +155,17 @@ class RolloutWorkers:
                                            runtime_env=env).remote(cfg, plugin_names, model_path, i)
                         for i in range(self.world)]
         self.where = ray.get([w.start.remote() for w in self.workers])
+
+    def failed(self, index: int, error: BaseException) -> str:
+        """One line on rollout worker ``index``'s failure: where it ran and how it died, or its error."""
+        from ray.exceptions import ActorDiedError, OutOfMemoryError
+
+        from rlcore.workers.group import death_cause
+
+        where = self.where[index]
+        what = (f"died: {death_cause(error)}" if isinstance(error, (ActorDiedError, OutOfMemoryError))
+                else f"failed: {str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}")
+        return f"rollout worker {index} (pid {where['pid']} on {where['host']}) {what}"
 
     def stop(self) -> None:
         import ray
