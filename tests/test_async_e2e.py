@@ -46,3 +46,11 @@ def test_staleness_one_trains_one_version_behind_and_the_engine_agrees(tmp_path,
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)    # after every push
     assert all(h["sync/bytes"] > 0 for h in history)
     assert all(0 <= h["async/trainer_idle_frac"] <= 1 for h in history[1:])
+
+
+def test_sync_every_two_pushes_after_every_other_step_and_stays_within_the_bound(tmp_path, warm_start_cache):
+    run_to_end(quickstart(tmp_path / "run", warm_start_cache, "trainer.mode=async", "rollout.max_staleness=1",
+                          "rollout.sync_every=2"))
+    history = logged(tmp_path / "run")
+    assert ["sync/bytes" in h for h in history] == [False, True, False, True]
+    assert all(h["async/staleness_max"] <= 1 for h in history)

@@ -42,6 +42,10 @@ def test_out_of_range_value_says_what_is_allowed():
     (["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=512", "trainer.world_size=2",
       "actor.parallel.cp=2"], "actor.pack_sequences = true with actor.parallel.cp = 2"),
     (["actor.old_logprobs=engine"], "'actor.old_logprobs' = 'engine' is not allowed: use actor or rollout"),
+    (["trainer.mode=sync"], "'trainer.mode' = 'sync' is not allowed: use colocated or async"),
+    (["trainer.mode=async", "rollout.sync_every=3", "rollout.max_staleness=1"],
+     "rollout.sync_every = 3 with rollout.max_staleness = 1: .* set rollout.max_staleness >= 2"),
+    (["trainer.mode=async", "rollout.tp=2"], "rollout.tp = 2 with trainer.mode=async"),
 ])
 def test_micro_batch_options_that_cannot_work_are_refused(overrides, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -391,8 +391,30 @@ def checkpoint(tmp_path_factory) -> str:
     return path
 
 
+def assert_its_loss_uses_the_behaviour_logprobs(out: Completion) -> None:
+    """The completion as the learner gets it: a trajectory whose batch row holds the behaviour logprobs at its tokens'
+    label positions and the oldest version that sampled it (so a learner at version 1 treats it as off-policy and
+    computes the old logprobs), and the correction's token weights min(exp(old - behaviour), C) taken from them."""
+    import torch
+
+    from rlcore.rollout_correction import RolloutCorrection, correction
+    from rlcore.trajectory import Trajectory, to_batch
+
+    batch = to_batch([Trajectory.single_turn(PROMPT, out.tokens, out.logprobs, version=out.versions)], pad_id=0)
+    labels = slice(len(PROMPT) - 1, len(PROMPT) - 1 + len(out.tokens))
+    assert batch["rollout_logprobs"][0, labels].tolist() == pytest.approx(out.logprobs, abs=1e-6)
+    assert batch["response_mask"][0, labels].all() and batch["version"].tolist() == [0]
+    mask = batch["response_mask"]
+    old = batch["rollout_logprobs"] + 0.1 * mask           # the learner's old logprobs, 0.1 above the behaviour's
+    weights, _, _ = correction(old, batch["rollout_logprobs"], mask, RolloutCorrection(rollout_is="token"))
+    assert weights is not None
+    assert weights[0, labels] == pytest.approx(torch.full((len(out.tokens),), float(torch.tensor(0.1).exp())))
+
+
 def test_a_push_mid_generation_on_transformers_gives_a_trajectory_of_two_versions(checkpoint):
-    assert_spans_the_pushes(push_mid_generation(RegisteredBackend("hf"), checkpoint), pushes=1)
+    result = push_mid_generation(RegisteredBackend("hf"), checkpoint)
+    assert_spans_the_pushes(result, pushes=1)
+    assert_its_loss_uses_the_behaviour_logprobs(result["out"])
 
 
 def test_two_pushes_during_one_request_on_transformers(checkpoint):

@@ -143,7 +143,7 @@ class Run:
     def save_checkpoint(self, step: int, eval_before: dict) -> float:
         """The run's state after ``step`` (``rlcore.checkpoint``); returns the seconds it took."""
         self.workers.train_mode()
-        state = {"task": self.task.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
+        state = {**self.source.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
                  "eval_before": eval_before, "learner_version": self.learner.version, "config": to_dict(self.cfg),
                  "plugins": self.plugins.describe(),
                  "model": {"family": self.cfg.model.family, "hf_config": self.hf_config}}
@@ -159,7 +159,7 @@ class Run:
         self.task.load_state_dict(state["task"])
         self.algorithm.load_state(self.algo_cfg, state["algorithm"])
         self.learner.version = state.get("learner_version", state["step"])   # saved before it was kept: one a step
-        self.source.resumed(state["step"], self.learner.version)
+        self.source.resumed(state["step"], self.learner.version, state)
         return state["step"], state["eval_before"]
 
     # --- the end -------------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """The training batch: right-padded ``input_ids``; per-token tensors aligned with *label* positions (position
     t scores token t + 1): ``response_mask`` (the loss mask; a failed trajectory trains nothing) and
     ``rollout_logprobs``; per row ``prompt_len``, ``response_len``, ``rewards``, ``group_ids`` and ``version``
-    (the newest weights that sampled it). ``meta`` holds each trajectory's metadata."""
+    (the oldest weights that sampled it: a row is on-policy only if all of it is). ``meta`` holds each trajectory's metadata."""
     n = len(trajectories)
     width = max(len(t.tokens) for t in trajectories)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -72,5 +72,5 @@ def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
                   "rollout_logprobs": logprobs,
                   "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
                   "group_ids": torch.tensor([t.group for t in trajectories], dtype=torch.long),
-                  "version": torch.tensor([t.version[1] for t in trajectories], dtype=torch.long)},
+                  "version": torch.tensor([t.version[0] for t in trajectories], dtype=torch.long)},
                  [t.metadata for t in trajectories])

@@ -116,6 +116,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.mode", lambda v: v in ("colocated", "async"), "colocated or async"),
     ("rollout.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.max_staleness", lambda v: v >= 0, "an integer >= 0"),
+    ("rollout.sync_every", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.request_timeout", lambda v: v >= 0, "a number of seconds >= 0 (0 = no limit)"),
     ("trainer.placement", lambda v: v in ("pack", "spread"), "pack or spread"),
     ("rollout.n", lambda v: v >= 1, "an integer >= 1"),
@@ -153,6 +154,11 @@ def check_values(cfg: Config) -> None:
     _check_layout("actor", cfg.actor, world, "trainer.world_size")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
+    if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < cfg.rollout.sync_every - 1:
+        raise ConfigError(f"rollout.sync_every = {cfg.rollout.sync_every} with rollout.max_staleness = "
+                          f"{cfg.rollout.max_staleness}: pushing weights every {cfg.rollout.sync_every} steps trains "
+                          f"samples up to {cfg.rollout.sync_every - 1} versions behind; set rollout.max_staleness >= "
+                          f"{cfg.rollout.sync_every - 1}")
     if cfg.trainer.mode == "async" and cfg.rollout.tp != 1:
         raise ConfigError(f"rollout.tp = {cfg.rollout.tp} with trainer.mode=async: rollout workers host one "
                           f"single-process engine each so far; use rollout.tp=1 and more rollout.world_size")

@@ -151,6 +151,8 @@ class RolloutConfig:
     max_staleness: int = 1        # trainer.mode=async: a sample trains at most this many weight versions after the
                                   # weights that started it (0 = on-policy, the colocated run's samples); enforced by
                                   # admitting a generation only while accepted + running <= (S + version + 1) x batch
+    sync_every: int = 1           # trainer.mode=async: push the trainer's weights to the rollout workers every N steps
+                                  # (samples then run up to N - 1 versions behind: max_staleness >= N - 1)
     request_timeout: float = 0    # trainer.mode=async: seconds a group's episodes may run; past it their requests are
                                   # aborted and the group is dropped, counted in async/groups_timed_out (0 = no limit)
     partial: bool = False         # trainer.mode=async: a weight push aborts the requests in flight and resumes them

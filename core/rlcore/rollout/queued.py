@@ -24,6 +24,7 @@ from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import WorkerDied
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
+from rlcore.rollout.draws import DrawLedger
 from rlcore.rollout.source import Source, prompt_seeds
 from rlcore.rollout.staleness import Admission
 from rlcore.specs import Sampling, Task
@@ -62,7 +63,9 @@ class QueuedSource(Source):
         self.changed = threading.Condition()      # the buffer, the admission counters and the error
         self.error: str | None = None             # what stopped the rollout side, in one line
         self.pushed = 0                           # the learner version the engines hold
-        self.draws = 0
+        self.pushed_step = 0                      # ... the learner's after this step
+        self.learner = (0, 0)                     # the learner's version, after this step
+        self.ledger = DrawLedger(task, self.batch)   # drawn prompts and taken groups (read and written under changed)
         self.waiting: list[tuple[list[int], dict, int, int, int]] = []   # prompts of the draw not started yet
         self.loop: asyncio.AbstractEventLoop | None = None
         self.wake: asyncio.Event | None = None
@@ -75,7 +78,7 @@ class QueuedSource(Source):
         self._gather(receivers)
         if any(w["weightless"] for w in rollout.where):     # engines started without weights get the actor's now
             self.pushed = -1
-            self.weights_updated(0, 0, _untimed, {})
+            self._push(_untimed, {})
 
     # --- the producer (its own thread and event loop) ------------------------------------------------------------
     def _start(self) -> None:
@@ -105,13 +108,12 @@ class QueuedSource(Source):
             self._fail(f"the rollout producer failed: {type(e).__name__}: {e}")
 
     def _next_prompts(self, count: int) -> list[tuple[list[int], dict, int, int, int]]:
-        """Up to ``count`` prompts of the current draw (a new draw when it is used up): (tokens, metadata, seed,
+        """Up to ``count`` prompts of the current draw (new draws when it is used up): (tokens, metadata, seed,
         draw, index)."""
-        if count and not self.waiting:
-            self.draws += 1
-            prompts = self.task.train_prompts(self.draws, self.batch)
-            seeds = prompt_seeds(len(prompts), self.cfg.run.seed, "train", self.draws, 1)
-            self.waiting = [(self.encode(p), m, s, self.draws, i) for i, ((p, m), s) in enumerate(zip(prompts, seeds))]
+        while count and not self.waiting:
+            draw, prompts = self.ledger.draw()
+            seeds = prompt_seeds(self.batch, self.cfg.run.seed, "train", draw, 1)
+            self.waiting = [(self.encode(p), m, seeds[i], draw, i) for i, p, m in prompts]
         wave, self.waiting = self.waiting[:count], self.waiting[count:]
         return wave
 
@@ -128,6 +130,7 @@ class QueuedSource(Source):
                 with self.changed:
                     if group is None:           # past rollout.request_timeout: dropped, its place given back
                         self.counts["timed_out"] += 1
+                        self.ledger.take(draw, index)
                         self.admission.finish(kept=False)
                     else:
                         self.buffer.append(Produced(group, draw, index, version))
@@ -147,7 +150,7 @@ class QueuedSource(Source):
             self.changed.notify_all()
 
     def _poke(self) -> None:
-        """Tell the producer that admission may have room now (from the main thread)."""
+        """Tell the producer that admission may have room now (from any thread)."""
         if self.loop is not None and self.wake is not None:
             self.loop.call_soon_threadsafe(self.wake.set)
 
@@ -159,7 +162,7 @@ class QueuedSource(Source):
         if self.loop is None:
             self._start()
         with self.changed:
-            self.admission.version = step - 1     # the weights of step - 1 updates are on the engines
+            self.admission.version = self.pushed_step     # the weights of this step are on the engines
         self._poke()
         kept: list[Produced] = []
         sampled: list[tuple[tuple[int, int], Scores]] = []
@@ -171,7 +174,7 @@ class QueuedSource(Source):
                 produced, depth = self._take()
             looked += 1
             lag = step - 1 - produced.version
-            if lag > cfg.rollout.max_staleness:        # a group from before a resume: never trained on
+            if lag > cfg.rollout.max_staleness:        # a straggler past the bound: dropped, never trained on
                 stale += 1
                 self._give_back()
                 continue
@@ -192,14 +195,14 @@ class QueuedSource(Source):
         self.trained_tokens = sum(sum(t.loss_mask) for t in trajectories)
         spans = [t.version[1] - t.version[0] for t in trajectories]
         metrics.update({"sampling/groups_dropped": float(dropped), "sampling/groups_kept": float(len(kept)),
-                        "sampling/rounds": -(-looked // self.batch),
+                        "sampling/rounds": float(-(-looked // self.batch)),
                         "async/staleness_mean": sum(behind) / len(behind) if behind else 0.0,
                         "async/staleness_max": float(max(behind, default=0)), "async/stale_dropped": float(stale),
                         "async/queue_depth": float(depth),
                         "async/partial_frac": sum(s > 0 for s in spans) / len(spans) if spans else 0.0,
                         "async/partial_span_max": float(max(spans, default=0))})
         sampled.sort(key=lambda item: item[0])
-        return trajectories, Scores.cat([s for _, s in sampled])
+        return trajectories, Scores.cat([s for _, s in sampled]) if sampled else Scores(torch.zeros(0))
 
     def _rates(self, waited: float) -> dict[str, float]:
         """Since the previous step's take: the share of the trainer's time spent waiting for groups, and of the
@@ -248,7 +251,9 @@ class QueuedSource(Source):
             if self.error is not None:
                 raise WorkerDied(self.error)
             depth = len(self.buffer)
-            return self.buffer.popleft(), depth
+            produced = self.buffer.popleft()
+            self.ledger.take(produced.draw, produced.index)
+            return produced, depth
 
     def _give_back(self) -> None:
         """A group that will not train gives its place in the admission count back."""
@@ -258,23 +263,31 @@ class QueuedSource(Source):
 
     # --- weights -------------------------------------------------------------------------------------------------
     def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
-        """Push the learner's new weights to every rollout worker (each pauses its engine for the load); on
-        ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against the
-        trainer."""
-        if version == self.pushed:
-            return
-        every = self.cfg.trainer.check_logprobs_every
-        probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
-        sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
-        with timer("sync"):
-            received = self._issue("receive_weights", sequences)
-            sent = self.trainer.call("push_weights", version)[0]
-            results = self._gather(received)
-        self.pushed = version
-        metrics.update(sent)
-        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
-        if probe is not None:
-            metrics["check/logprob_max_diff"] = self._check(probe, [r["scores"] for r in results])
+        """After ``step`` (or a resume from it): the learner is at ``version``; its weights go to the rollout
+        workers every ``rollout.sync_every`` steps."""
+        self.learner = (version, step)
+        if step % self.cfg.rollout.sync_every == 0:
+            self._push(timer, metrics)
+
+    def _push(self, timer, metrics: dict) -> None:
+        """Push the learner's weights to every rollout worker unless they hold them (each pauses its engine for the
+        load); on ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against
+        the trainer."""
+        version, step = self.learner
+        if version != self.pushed:
+            every = self.cfg.trainer.check_logprobs_every
+            probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
+            sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
+            with timer("sync"):
+                received = self._issue("receive_weights", sequences)
+                sent = self.trainer.call("push_weights", version)[0]
+                results = self._gather(received)
+            self.pushed = version
+            metrics.update(sent)
+            metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
+            if probe is not None:
+                metrics["check/logprob_max_diff"] = self._check(probe, [r["scores"] for r in results])
+        self.pushed_step = step
 
     def _check(self, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
         """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
@@ -295,14 +308,27 @@ class QueuedSource(Source):
         raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
         return worst.max_abs_diff
 
-    def resumed(self, step: int, version: int) -> None:
-        """Push the restored weights; admission goes on from the consumed groups (what was in flight is lost)."""
-        self.weights_updated(version, step, _untimed, {})
-        self.admission.rebase(step, step * self.batch)
-        self.draws = step
+    def state_dict(self) -> dict:
+        """The task's state before the first draw not wholly taken, and which groups of later draws were."""
+        with self.changed:
+            producer = self.ledger.state_dict()
+        return {"task": producer["task"], "producer": producer}
+
+    def resumed(self, step: int, version: int, state: dict) -> None:
+        """Push the restored weights; admission goes on from the groups trained so far, rebased on the restored
+        version (what was in flight when the run stopped is generated again, with these weights)."""
+        self.learner = (version, step)
+        self._push(_untimed, {})
+        with self.changed:
+            self.admission.rebase(step, step * self.batch)
+            if "producer" in state:
+                self.ledger.load_state_dict(state["producer"])
 
     def sync(self) -> dict[str, float]:
-        return {}                 # every update is pushed as it happens (weights_updated)
+        """Before an evaluation: the engines get the learner's weights if a push is still due (sync_every > 1)."""
+        metrics: dict[str, float] = {}
+        self._push(_untimed, metrics)
+        return metrics
 
     # --- evaluation ------------------------------------------------------------------------------------------------
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,

@@ -46,8 +46,13 @@ class Source(abc.ABC):
     def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
         """The learner is at ``version`` after ``step`` trained (or after a resume from it)."""
 
-    def resumed(self, step: int, version: int) -> None:
-        """The run continues after ``step`` from a checkpoint, the learner at ``version``."""
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the rollout side: the task's state (its prompt sampler), and the source's own."""
+        return {"task": self.task.state_dict()}
+
+    def resumed(self, step: int, version: int, state: dict) -> None:
+        """The run continues after ``step`` from a checkpoint holding ``state``, the learner at ``version`` (the task's
+        state is restored already)."""
 
     def close(self) -> None:
         """Stop what the source runs (threads, workers of its own)."""

@@ -3,7 +3,7 @@
 Each prompt is sampled k times; a sample's baseline is the mean reward of the *other* k-1 samples of its prompt, so
 the advantage is unbiased without a learned critic: A_i = r_i - mean_{j != i} r_j = k/(k-1) * (r_i - mean_j r_j).
 The policy loss is the importance-weighted REINFORCE term, clipped as in PPO so that several updates per batch stay
-close to the sampling policy. Uses only rlcore's public API: ``Algorithm``, ``hookimpl``, ``rlcore.losses``.
+close to the sampling policy. Uses only rlcore's public API: ``Algorithm``, ``hookimpl``, ``rlcore.losses``, ``rlcore.rollout_correction``.
 """
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import torch
 from rlcore.errors import ConfigError
 from rlcore.hookspecs import hookimpl
 from rlcore.losses import AGG_MODES, masked_mean
+from rlcore.rollout_correction import RolloutCorrection, check_correction_options
 from rlcore.specs import Algorithm
 
 
 @dataclass
-class RLOOConfig:
+class RLOOConfig(RolloutCorrection):    # + algorithm.rollout_* (the engine-mismatch and off-policy correction)
     name: str = "rloo"
     clip_ratio: float = 0.2              # ratio clipped to [1 - clip_ratio, 1 + clip_ratio]
     loss_agg_mode: str = "token-mean"    # token-mean, seq-mean-token-mean or seq-mean-token-sum
@@ -28,6 +29,7 @@ class RLOOConfig:
             raise ConfigError(f"algorithm.clip_ratio = {self.clip_ratio}: use a number between 0 and 1")
         if self.loss_agg_mode not in AGG_MODES:
             raise ConfigError(f"algorithm.loss_agg_mode = {self.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
+        check_correction_options(self)
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
