@@ -142,3 +142,13 @@ def test_a_reference_policy_is_counted_where_it_lives(registry, capsys):
     assert "reference" not in no_kl
     assert "on the host between its passes" in kl_on_host and "+ reference" not in kl_on_host
     assert "kept on the device" in kl_on_device and "+ reference" in kl_on_device
+
+
+def test_an_async_plan_names_its_rollout_workers(registry, capsys):
+    from rlcore.cli import dry_run as cli_dry_run
+
+    cfg = load_config("qwen3-30b-a3b-8gpu", ["trainer.mode=async", "rollout.world_size=2", "rollout.tp=1",
+                                             "rollout.max_staleness=2", "rollout.partial=true"])
+    assert cli_dry_run(cfg, load_plugins(None)) == 0
+    assert ("rollout    async: 2 rollout worker(s) of their own, one engine each with the whole model (56.9 GiB "
+            "in 16-bit) and its KV cache; max_staleness 2, partial True") in capsys.readouterr().out
