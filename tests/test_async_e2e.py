@@ -1,12 +1,13 @@
 """End to end, trainer.mode=async (real megatron-core trainer in the driver, a real vLLM engine in a Ray rollout
 worker of its own, weights pushed after every update): with max_staleness 0 it is the colocated run step by step;
-with 1 its batches are one version behind, never more, and the engine agrees with the trainer after pushes."""
+with 1 (2) its batches are one (two) versions behind, never more, and the engine agrees with the trainer after
+pushes."""
 import json
 import os
 
 import pytest
 
-from runs import logged, run_to_end, ENV  # noqa: F401
+from runs import logged, run_to_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -38,11 +39,14 @@ def test_staleness_zero_is_the_colocated_run_step_by_step(tmp_path, warm_start_c
     assert summaries[0]["eval_accuracy_after"] == summaries[1]["eval_accuracy_after"]
 
 
-def test_staleness_one_trains_one_version_behind_and_the_engine_agrees(tmp_path, warm_start_cache):
-    run_to_end(quickstart(tmp_path / "run", warm_start_cache, "trainer.mode=async", "rollout.max_staleness=1",
-                          "rollout.partial=true", "trainer.check_logprobs_every=1"))
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_batches_train_s_versions_behind_never_more_and_the_engine_agrees(tmp_path, warm_start_cache, staleness):
+    """At the start S + 1 draws are admitted with the starting weights, so step k trains min(k - 1, S) behind."""
+    run_to_end(quickstart(tmp_path / "run", warm_start_cache, "trainer.mode=async",
+                          f"rollout.max_staleness={staleness}", "rollout.partial=true",
+                          "trainer.check_logprobs_every=1"))
     history = logged(tmp_path / "run")
-    assert [h["async/staleness_max"] for h in history] == [0.0] + [1.0] * (STEPS - 1)
+    assert [h["async/staleness_max"] for h in history] == [float(min(k, staleness)) for k in range(STEPS)]
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)    # after every push
     assert all(h["sync/bytes"] > 0 for h in history)
     assert all(0 <= h["async/trainer_idle_frac"] <= 1 for h in history[1:])
