@@ -16,7 +16,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import torch
 
@@ -238,10 +238,31 @@ class QueuedSource(Source):
             try:
                 results.append(ray.get(ref))
             except Exception as e:
-                message = self.rollout.failed(index, e)
-                self._fail(message)
-                raise WorkerDied(message) from None
+                self._worker_failed(index, e)
         return results
+
+    def _worker_failed(self, index: int, error: BaseException) -> NoReturn:
+        message = self.rollout.failed(index, error)
+        self._fail(message)
+        raise WorkerDied(message) from None
+
+    def _dead_receiver(self, refs: list) -> None:
+        """After a failed push: a rollout worker that died during it (the sender's error is then only its echo)
+        stops the run with one line naming it. The live receivers are still waiting for the push: not waited for."""
+        import ray
+        from ray.exceptions import ActorDiedError, OutOfMemoryError
+
+        from rlcore.workers.group import PEER_DEATH_WAIT_S
+
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
+        for index, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except (ActorDiedError, OutOfMemoryError) as e:
+                    self._worker_failed(index, e)
+                except Exception:
+                    pass
 
     def _take(self) -> tuple[Produced, int]:
         """The oldest finished group (waiting for one), and how many were in the buffer."""
@@ -280,7 +301,11 @@ class QueuedSource(Source):
             sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
             with timer("sync"):
                 received = self._issue("receive_weights", sequences)
-                sent = self.trainer.call("push_weights", version)[0]
+                try:
+                    sent = self.trainer.call("push_weights", version)[0]
+                except Exception:
+                    self._dead_receiver(received)
+                    raise
                 results = self._gather(received)
             self.pushed = version
             metrics.update(sent)

@@ -168,11 +168,12 @@ class RolloutWorkers:
         return f"rollout worker {index} (pid {where['pid']} on {where['host']}) {what}"
 
     def stop(self) -> None:
+        """Let each worker stop its engine (its exit frees the engine's shared memory), then end the processes. A
+        worker that died or hangs is only ended: its failure was reported where it was seen."""
         import ray
 
-        try:
-            ray.get([w.stop.remote() for w in self.workers], timeout=60)
-        finally:
-            for w in self.workers:
-                ray.kill(w)
-            ray.util.remove_placement_group(self.placement)
+        stops = [w.stop.remote() for w in self.workers]
+        ray.wait(stops, num_returns=len(stops), timeout=60)
+        for w in self.workers:
+            ray.kill(w)
+        ray.util.remove_placement_group(self.placement)
