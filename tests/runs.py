@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -20,15 +22,15 @@ def rlcore_run(run_dir, warm_start_cache, *extra):
                       "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
 
 
-def run_to_end(cmd):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+def run_to_end(cmd, env=ENV):
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
 
-def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) -> subprocess.Popen:
+def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV) -> subprocess.Popen:
     """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray."""
-    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=ENV, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
 
 
 def wait_until(process, condition, timeout=1200):
@@ -67,3 +69,36 @@ def logged(run_dir):
 
 def without_timings(history):
     return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+
+
+def ray_workers(driver_pid: int, actor_class: str) -> list[psutil.Process]:
+    """The run's Ray workers of ``actor_class``: Ray names their processes after the class
+    (``ray::ActorRolloutWorker...``), as it does the processes they fork (a checkpoint's writers), which are not Ray's
+    children."""
+    found = []
+    for process in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            if process.cmdline()[0].startswith(f"ray::{actor_class}") and \
+                    not process.parent().cmdline()[0].startswith("ray::"):
+                found.append(process)
+        except (psutil.NoSuchProcess, IndexError):
+            pass
+    return found
+
+
+def async_quickstart(run_dir, warm_start_cache, *extra, plugins="qwen3,grpo,vllm", steps=5):
+    """The quickstart in async mode for ``steps`` steps: one rollout worker, max_staleness 1, evaluated only before
+    and after, no export (``extra``: overrides)."""
+    return [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}", "quickstart", f"trainer.steps={steps}",
+            "trainer.eval_every=0", "run.progress=false", "trainer.export_hf=false", f"run.dir={run_dir}",
+            f"warm_start.cache_dir={warm_start_cache}", "trainer.mode=async", "rollout.max_staleness=1", *extra]
+
+
+def install_distribution(root, dist, module, body, entry="fake"):
+    """A real distribution in directory ``root`` (for sys.path or PYTHONPATH): <dist>.dist-info with METADATA and
+    entry_points.txt (``entry`` = ``module`` in rlcore's group), and its module with ``body``."""
+    info = root / f"{dist.replace('-', '_')}-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 9.9\n")
+    (info / "entry_points.txt").write_text(f"[rlcore]\n{entry} = {module}\n")
+    (root / f"{module}.py").write_text(body)

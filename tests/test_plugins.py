@@ -7,15 +7,7 @@ import pytest
 
 from rlcore.errors import PluginError
 from rlcore.plugins import load_plugins, parse_selection
-
-
-def _install_fake_distribution(root, dist, module, body, entry="fake"):
-    """A real distribution on sys.path: <dist>.dist-info with METADATA + entry_points.txt, and its module."""
-    info = root / f"{dist.replace('-', '_')}-9.9.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 9.9\n")
-    (info / "entry_points.txt").write_text(f"[rlcore]\n{entry} = {module}\n")
-    (root / f"{module}.py").write_text(body)
+from runs import install_distribution
 
 
 @pytest.fixture
@@ -54,10 +46,10 @@ def test_empty_selection_is_refused():
 
 
 def test_duplicate_names_name_both_plugins(site):
-    _install_fake_distribution(site, "rlcore-model-impostor", "fake_rlcore_impostor",
-                               "from rlcore.hookspecs import hookimpl\n"
-                               "from rlcore_model_qwen3.plugin import QWEN3\n"
-                               "@hookimpl\ndef rlcore_models():\n    return [QWEN3]\n", entry="impostor")
+    install_distribution(site, "rlcore-model-impostor", "fake_rlcore_impostor",
+                         "from rlcore.hookspecs import hookimpl\n"
+                         "from rlcore_model_qwen3.plugin import QWEN3\n"
+                         "@hookimpl\ndef rlcore_models():\n    return [QWEN3]\n", entry="impostor")
     with pytest.raises(PluginError) as e:
         load_plugins(["qwen3", "impostor"])
     msg = str(e.value)
@@ -65,8 +57,8 @@ def test_duplicate_names_name_both_plugins(site):
 
 
 def test_plugin_that_fails_to_import_is_reported_with_its_distribution(site):
-    _install_fake_distribution(site, "rlcore-broken", "fake_rlcore_broken", "import no_such_module_xyz\n",
-                               entry="broken")
+    install_distribution(site, "rlcore-broken", "fake_rlcore_broken", "import no_such_module_xyz\n",
+                         entry="broken")
     with pytest.raises(PluginError) as e:
         load_plugins(["broken"])
     msg = str(e.value)
@@ -81,23 +73,23 @@ TYPO_LINE = ("plugin typo (rlcore-typo 9.9): hookimpl 'rlcore_register_modls' ma
 
 
 def test_misspelled_hookimpl_fails_loading_naming_plugin_and_name(site):
-    _install_fake_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
+    install_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
     with pytest.raises(PluginError) as e:
         load_plugins(["grpo", "typo"])
     assert str(e.value) == TYPO_LINE          # the optional hook is not named: pluggy lets it wait for its spec
 
 
 def test_optional_hookimpl_without_a_spec_loads(site):
-    _install_fake_distribution(site, "rlcore-later", "fake_rlcore_later",
-                               "from rlcore.hookspecs import hookimpl\n"
-                               "@hookimpl(optionalhook=True)\ndef rlcore_some_future_hook():\n    pass\n", entry="later")
+    install_distribution(site, "rlcore-later", "fake_rlcore_later",
+                         "from rlcore.hookspecs import hookimpl\n"
+                         "@hookimpl(optionalhook=True)\ndef rlcore_some_future_hook():\n    pass\n", entry="later")
     assert "later" in {p.name for p in load_plugins(["grpo", "later"]).plugins}
 
 
 @pytest.mark.parametrize("command", [["plugins", "--plugins=grpo,typo"],
                                      ["run", "--plugins=qwen3,grpo,vllm,typo", "--dry-run"]])
 def test_misspelled_hookimpl_through_the_cli_is_one_line(site, command):
-    _install_fake_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
+    install_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-m", "rlcore.cli", *command], capture_output=True, text=True, env=env,
                             timeout=120)

@@ -9,23 +9,9 @@ import time
 import psutil
 import pytest
 
-from runs import EVERY, logged, rlcore_run, start, wait_until
+from runs import EVERY, logged, ray_workers, rlcore_run, start, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
-
-
-def workers_of(driver_pid: int) -> list[psutil.Process]:
-    """The run's actor workers: Ray names their processes after the class (``ray::ActorRolloutWorker...``), as it
-    does the processes they fork (a checkpoint's writers), which are not Ray's children."""
-    found = []
-    for process in psutil.Process(driver_pid).children(recursive=True):
-        try:
-            if process.cmdline()[0].startswith("ray::ActorRolloutWorker") and \
-                    not process.parent().cmdline()[0].startswith("ray::"):
-                found.append(process)
-        except (psutil.NoSuchProcess, IndexError):
-            pass
-    return found
 
 
 def gone(process: psutil.Process, within: float) -> bool:
@@ -44,7 +30,7 @@ def test_a_killed_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache)
 
         def mid_run():     # step 5 logged, after the checkpoint of step 4: what to kill, and a run to resume
             if len(logged(run_dir)) > EVERY and checkpoint.exists():
-                found = workers_of(run.pid)
+                found = ray_workers(run.pid, "ActorRolloutWorker")
                 return found if len(found) == 2 else None
 
         try:
