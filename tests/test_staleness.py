@@ -52,3 +52,28 @@ def test_rebase_after_a_resume_counts_the_consumed_groups():
     admission.start(16)
     admission.rebase(version=5, consumed=40)
     assert admission.capacity() == (1 + 5 + 1) * 8 - 40 == 16
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_taking_the_oldest_version_first_keeps_stragglers_within_s(staleness):
+    """The queued source's rule: the consumer takes a finished group of the oldest version started (running or
+    finished), waiting for a straggler rather than passing it by; then any completion order stays within S."""
+    rng, batch, admission = random.Random(staleness), 4, Admission(staleness, 4)
+    running: list[int] = []
+    finished: list[int] = []
+    worst = 0
+    for step in range(1, 61):
+        admission.version = step - 1
+        for _ in range(batch):
+            while True:
+                for _ in range(admission.capacity()):
+                    admission.start(1)
+                    running.append(admission.version)
+                oldest = min(running + finished)
+                if oldest in finished:
+                    break
+                finished.append(running.pop(rng.randrange(len(running))))     # any group may finish first
+                admission.finish(kept=True)
+            finished.remove(oldest)
+            worst = max(worst, step - 1 - oldest)
+    assert worst == staleness

@@ -60,7 +60,8 @@ class QueuedSource(Source):
         self.batch = cfg.trainer.prompts_per_step
         self.admission = Admission(cfg.rollout.max_staleness, self.batch)
         self.buffer: collections.deque[Produced] = collections.deque()
-        self.changed = threading.Condition()      # the buffer, the admission counters and the error
+        self.running: collections.Counter[int] = collections.Counter()   # groups generating, by admission version
+        self.changed = threading.Condition()      # the buffer, running, the admission counters and the error
         self.error: str | None = None             # what stopped the rollout side, in one line
         self.pushed = 0                           # the learner version the engines hold
         self.pushed_step = 0                      # ... the learner's after this step
@@ -95,13 +96,15 @@ class QueuedSource(Source):
                 with self.changed:
                     wave = self._next_prompts(self.admission.capacity())
                     self.admission.start(len(wave))
+                    version = self.admission.version
+                    self.running[version] += len(wave)
                 if not wave:
                     self.wake.clear()
                     await self.wake.wait()
                     continue
                 worker = min(range(len(load)), key=load.__getitem__)
                 load[worker] += len(wave)
-                asyncio.ensure_future(self._generate(worker, wave, load))
+                asyncio.ensure_future(self._generate(worker, wave, version, load))
         except asyncio.CancelledError:
             raise
         except BaseException as e:    # the consumer hears of it
@@ -117,8 +120,7 @@ class QueuedSource(Source):
         wave, self.waiting = self.waiting[:count], self.waiting[count:]
         return wave
 
-    async def _generate(self, worker: int, wave: list, load: list[int]) -> None:
-        version = self.admission.version
+    async def _generate(self, worker: int, wave: list, version: int, load: list[int]) -> None:
         sampling = Sampling(self.cfg.rollout.max_response_len, self.cfg.rollout.temperature)
         try:
             stream = self.rollout.workers[worker].stream_groups.options(num_returns="streaming").remote(
@@ -128,6 +130,7 @@ class QueuedSource(Source):
                 i, group = await ref
                 _, _, _, draw, index = wave[i]
                 with self.changed:
+                    self.running[version] -= 1
                     if group is None:           # past rollout.request_timeout: dropped, its place given back
                         self.counts["timed_out"] += 1
                         self.ledger.take(draw, index)
@@ -265,16 +268,25 @@ class QueuedSource(Source):
                     pass
 
     def _take(self) -> tuple[Produced, int]:
-        """The oldest finished group (waiting for one), and how many were in the buffer."""
+        """A finished group of the oldest version started (waiting for one: a straggler is waited for, not passed
+        by newer groups, which would leave it past the staleness bound), and how many were in the buffer."""
         with self.changed:
-            while not self.buffer and self.error is None:
+            while (at := self._oldest()) is None and self.error is None:
                 self.changed.wait()
-            if self.error is not None:
-                raise WorkerDied(self.error)
+            if self.error is not None or at is None:
+                raise WorkerDied(str(self.error))
             depth = len(self.buffer)
-            produced = self.buffer.popleft()
+            produced = self.buffer[at]
+            del self.buffer[at]
             self.ledger.take(produced.draw, produced.index)
             return produced, depth
+
+    def _oldest(self) -> int | None:
+        """Where in the buffer the first finished group of the oldest version among those running or finished is,
+        if one of that version has finished."""
+        versions = [v for v, count in self.running.items() if count > 0] + [p.version for p in self.buffer]
+        oldest = min(versions, default=None)
+        return next((i for i, p in enumerate(self.buffer) if p.version == oldest), None)
 
     def _give_back(self) -> None:
         """A group that will not train gives its place in the admission count back."""

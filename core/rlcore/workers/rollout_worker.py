@@ -110,14 +110,18 @@ class RolloutWorker:
         paused = time.perf_counter()
         await self.engine.pause()
         drained = time.perf_counter() - paused
-        try:
-            version, stream = self.receiver.receive()
-            self.engine.update_weights(stream, version)
-            scores = self.engine.score(*probe) if probe is not None else None
+        try:    # off the actor's loop, which an engine's blocking calls may need running (SGLang's do)
+            version, scores = await asyncio.to_thread(self._load, probe)
         finally:
             self.engine.resume()
         return {"version": version, "scores": scores, "drain_seconds": drained,
                 "pause_seconds": time.perf_counter() - paused}
+
+    def _load(self, probe: tuple[list[list[int]], list[int]] | None) -> tuple[int, list[list[float]] | None]:
+        assert self.receiver is not None, "open_push first"
+        version, stream = self.receiver.receive()
+        self.engine.update_weights(stream, version)
+        return version, self.engine.score(*probe) if probe is not None else None
 
     async def stats(self) -> dict:
         """The engine's counters since the last call (idle time, resumed requests, tokens)."""

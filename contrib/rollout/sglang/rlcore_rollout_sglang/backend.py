@@ -93,6 +93,7 @@ class SGLangRollout(RolloutBackend):
                 os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
             multiprocessing.set_start_method(start_method, force=True)  # SGLang forces "spawn" process-wide
         self._pids = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        self.engine.loop = _LoopFromAnyThread(self.engine.loop)
 
     async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
         """SGLang's returned logprobs are already the sampling policy's (log of the softmax of logits / temperature;
@@ -300,6 +301,27 @@ class SGLangRollout(RolloutBackend):
             engine.shutdown()
         finally:
             engine_module.kill_process_tree = kill_tree
+
+
+class _LoopFromAnyThread:
+    """The engine's event loop as its blocking methods (weight updates, ``score``'s generate) use it: they call
+    ``run_until_complete`` on the loop the engine was built on. When that loop is running on another thread (an
+    async-mode rollout worker's actor loop, which calls them from a worker thread), the coroutine is handed to it
+    instead, and the caller waits for the result."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+
+    def run_until_complete(self, awaitable):
+        if not self.loop.is_running():
+            return self.loop.run_until_complete(awaitable)
+
+        async def wait():
+            return await awaitable
+        return asyncio.run_coroutine_threadsafe(wait(), self.loop).result()
+
+    def __getattr__(self, name: str):
+        return getattr(self.loop, name)
 
 
 @dataclass
