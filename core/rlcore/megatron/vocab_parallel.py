@@ -15,9 +15,11 @@ def label_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = log Z - sum_v p_v z_v per token, with Z and the sum reduced over the TP ranks' vocabulary slices.
-    Differentiable: each rank's partial sums depend only on its own logits, so the all-reduce's backward is the
-    identity. The shift by the (detached) max leaves H unchanged; it only keeps exp() finite."""
+    """H = log Z - sum_v p_v (z_v - m) per token, Z = sum_v exp(z_v - m), with Z and the sum reduced over the TP
+    ranks' vocabulary slices and m the (detached) max logit. Differentiable: each rank's partial sums depend only on
+    its own logits, so the all-reduce's backward is the identity. m leaves H unchanged; it keeps exp() finite, and
+    weighting z - m rather than z keeps the fp32 value and gradient accurate at large logits (unshifted: 40-500x the
+    error against fp64, tests/megatron/test_vocab_parallel.py)."""
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
@@ -25,7 +27,8 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     shift = z.detach().max(dim=-1, keepdim=True).values
     if mpu.get_tensor_model_parallel_world_size() > 1:
         dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=mpu.get_tensor_model_parallel_group())
-    e = torch.exp(z - shift)
-    partial = torch.stack([e.sum(-1), (e * z).sum(-1)])
+    shifted = z - shift
+    e = torch.exp(shifted)
+    partial = torch.stack([e.sum(-1), (e * shifted).sum(-1)])
     total, weighted = reduce_from_tensor_model_parallel_region(partial)
-    return torch.log(total) + shift.squeeze(-1) - weighted / total
+    return torch.log(total) - weighted / total
