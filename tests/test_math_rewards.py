@@ -14,6 +14,17 @@ GSM8K = [   # (response, ground truth, reward)
     ("#### 71", "72", 0.0),
     ("#### seventy-two", "72", 0.0),
     ("", "72", 0.0),
+    # compared exactly, not as floats (verl compares the strings, commas and '$' stripped)
+    ("#### 10000000000000000", "10000000000000001", 0.0),
+    ("#### 10000000000000001", "10000000000000001", 1.0),
+    ("#### 0.1000000000000000001", "0.1", 0.0),
+    ("#### 1,000,000", "1000000", 1.0),
+    # the number ends at a boundary: a malformed one is no answer, not its first part
+    ("#### 1.2.3", "1.2", 0.0),
+    ("#### 1,2.5.7", "12.5", 0.0),
+    ("#### 72x", "72", 0.0),
+    ("So the total is\n#### 72.", "72", 1.0),                        # a sentence's full stop is a boundary
+    ("#### 72, as computed above", "72", 1.0),
 ]
 MATH = [
     ("The area is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}", 1.0),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 from rlcore.specs import RewardSpec
 
@@ -11,22 +12,28 @@ def exact_match(responses: list[str], metadata: list[dict]) -> list[float]:
     return [float(r.strip() == str(m["answer"])) for r, m in zip(responses, metadata)]
 
 
-_GSM8K_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+# the number after '####', ending at a boundary: not followed by a letter or digit, nor by '.' or ',' and one
+# ('#### 1.2.3' is no answer rather than 1.2; '#### 72.' ending a sentence is 72)
+_GSM8K_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)(?![.,]?\w)")
+
+
+def _exact_number(text: str) -> Decimal | None:
+    """``text`` as an exact decimal, commas and ``$`` ignored (as verl does); None if it is not a finite number."""
+    try:
+        value = Decimal(text.replace(",", "").replace("$", "").strip())
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
 
 
 def gsm8k(responses: list[str], metadata: list[dict]) -> list[float]:
     """1.0 when the number after the response's last ``####`` (GSM8K's solution format; commas and ``$`` ignored)
-    equals ``metadata['answer']`` as a number; 0.0 otherwise, a response without ``####`` included."""
-    def number(text: str) -> float | None:
-        try:
-            return float(text.replace(",", "").replace("$", "").strip())
-        except ValueError:
-            return None
-
+    equals ``metadata['answer']`` exactly (as decimals: 2.50 = 2.5, but 10000000000000000 != 10000000000000001,
+    which floats confuse); 0.0 otherwise, a response without ``####`` or with a malformed number included."""
     scores = []
     for response, meta in zip(responses, metadata):
         finals = _GSM8K_FINAL.findall(response.replace("$", ""))
-        got, want = (number(finals[-1]) if finals else None), number(str(meta["answer"]))
+        got, want = (_exact_number(finals[-1]) if finals else None), _exact_number(str(meta["answer"]))
         scores.append(float(got is not None and got == want))
     return scores
 
