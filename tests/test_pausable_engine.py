@@ -35,6 +35,7 @@ class Part:
     version: int
     done: asyncio.Future
     sampled: list[int] = field(default_factory=list)
+    min_tokens: int = 0
 
 
 class Scripted(RolloutBackend):
@@ -50,7 +51,7 @@ class Scripted(RolloutBackend):
 
     async def generate(self, tokens, sampling, seed, request_id):
         part = Part(request_id, list(tokens), sampling.max_tokens, seed, self.version,
-                    asyncio.get_running_loop().create_future())
+                    asyncio.get_running_loop().create_future(), min_tokens=sampling.min_tokens)
         self.parts.append(part)
         self.live[request_id] = part
         return await part.done
@@ -116,7 +117,7 @@ def test_a_partial_pause_resubmits_the_rest_with_the_new_weights_and_joins_the_p
     paused = PausableEngine(engine, partial=True)
 
     async def scenario():
-        request = asyncio.ensure_future(paused.generate([1, 2, 3], Sampling(6), 7, "a"))
+        request = asyncio.ensure_future(paused.generate([1, 2, 3], Sampling(6, min_tokens=5), 7, "a"))
         await settle()
         await steps(engine, 2)
         await push(paused, 1)
@@ -126,7 +127,8 @@ def test_a_partial_pause_resubmits_the_rest_with_the_new_weights_and_joins_the_p
     out = run(scenario())
     first, rest = engine.parts
     assert engine.aborted == ["a"] and (first.request_id, rest.request_id) == ("a", "a/r1")
-    assert rest.tokens == [1, 2, 3, 3, 4] and rest.max_tokens == 4       # prompt + tokens so far, what is left
+    assert rest.tokens == [1, 2, 3, 3, 4] and (rest.max_tokens, rest.min_tokens) == (4, 3)   # prompt + tokens so
+    # far, what is left
     assert first.seed == 7 and rest.seed == continuation_seed(7, 1) != 7
     assert out.tokens == [3, 4, 105, 106, 107, 108] and out.finish_reason == "length" and out.versions == (0, 1)
     assert out.logprobs == pytest.approx([-3, -4, -5.1, -6.1, -7.1, -8.1]), out.logprobs     # aligned

@@ -68,12 +68,15 @@ class Algorithm:
 @dataclass(frozen=True)
 class Sampling:
     """How one request samples. ``temperature`` 0 is greedy; ``top_k`` -1 and ``top_p`` 1 are off;
-    ``stop_token_ids``: tokens that end the response besides eos (kept in it, as eos is)."""
+    ``stop_token_ids``: tokens that end the response besides eos (kept in it, as eos is); ``min_tokens``: eos and the
+    stop ids are not sampled before the response holds this many tokens (vLLM's ``min_tokens``, SGLang's
+    ``min_new_tokens``)."""
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
 
 
 @dataclass

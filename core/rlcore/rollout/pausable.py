@@ -83,7 +83,8 @@ class PausableEngine(RolloutBackend):
                 self._start(request_id)
                 try:
                     part = await self.engine.generate(
-                        tokens + sampled, replace(sampling, max_tokens=sampling.max_tokens - len(sampled)),
+                        tokens + sampled, replace(sampling, max_tokens=sampling.max_tokens - len(sampled),
+                                                     min_tokens=max(0, sampling.min_tokens - len(sampled))),
                         continuation_seed(seed, request.resumes), request.part_id)
                 finally:
                     self._end(request_id)

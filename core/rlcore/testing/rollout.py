@@ -224,6 +224,16 @@ def check_stop_token_ids(c: Contract) -> None:
     assert (out.finish_reason, out.tokens) == ("stop", expected[:expected.index(stop_id) + 1]), (out, expected)
 
 
+def check_min_tokens(c: Contract) -> None:
+    """Before ``min_tokens`` eos is not sampled: greedy takes the runner-up where eos would have been, and the
+    response runs on (how a workload asks for a response of a given length)."""
+    expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)        # eos after 2..MAX_TOKENS-1 tokens
+    out = run(c.engine.generate(c.stop_prompt, Sampling(MAX_TOKENS, 0.0, min_tokens=MAX_TOKENS), None, "min-tokens"))
+    assert out.finish_reason == "length" and len(out.tokens) == MAX_TOKENS and c.eos not in out.tokens, out
+    assert out.tokens[:len(expected) - 1] == expected[:-1], (out.tokens, expected)
+    assert len(out.logprobs) == MAX_TOKENS and all(math.isfinite(lp) and lp <= 0 for lp in out.logprobs), out
+
+
 def check_abort(c: Contract) -> None:
     """An aborted request returns what it sampled until then, and the requests beside it are unharmed: how a run
     ends overlong or stale generations without losing them."""
@@ -373,6 +383,7 @@ CHECKS: dict[str, Callable[[Contract], None]] = {
     "generate_shapes": check_generate_shapes,
     "finish_reasons": check_finish_reasons,
     "stop_token_ids": check_stop_token_ids,
+    "min_tokens": check_min_tokens,
     "abort": check_abort,
     "seeds_reproduce_samples": check_seeds_reproduce_samples,
     "different_seeds_differ": check_different_seeds_differ,

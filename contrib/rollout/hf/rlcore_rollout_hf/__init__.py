@@ -69,7 +69,10 @@ class HFRollout(RolloutBackend):
         while self._in_flight:
             batch = list(self._in_flight.items())     # each request's extra: its _Decoding
             last = self._forward([r.extra.prompt + r.tokens for _, r in batch])[:, -1]
-            picked = pick(last, [r.extra.sampling for _, r in batch], [r.extra.generator for _, r in batch])
+            samplings = [r.extra.sampling for _, r in batch]
+            banned = [(*self.eos, *s.stop_token_ids) if len(r.tokens) < s.min_tokens else ()
+                      for (_, r), s in zip(batch, samplings)]
+            picked = pick(last, samplings, [r.extra.generator for _, r in batch], banned)
             for (request_id, request), (token, logprob) in zip(batch, picked):
                 request.tokens.append(token)
                 request.logprobs.append(logprob)

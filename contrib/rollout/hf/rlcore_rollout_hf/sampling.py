@@ -20,14 +20,20 @@ def check_sampling(sampling: Sampling) -> None:
         raise ValueError(f"Sampling.top_k must be -1 (off) or at least 1 (got {sampling.top_k})")
     if not 0 < sampling.top_p <= 1:
         raise ValueError(f"Sampling.top_p must be in (0, 1], 1 for off (got {sampling.top_p})")
+    if not 0 <= sampling.min_tokens <= sampling.max_tokens:
+        raise ValueError(f"Sampling.min_tokens must be in [0, max_tokens={sampling.max_tokens}] "
+                         f"(got {sampling.min_tokens})")
 
 
-def pick(logits: torch.Tensor, samplings: Sequence[Sampling],
-         generators: Sequence[torch.Generator]) -> list[tuple[int, float]]:
+def pick(logits: torch.Tensor, samplings: Sequence[Sampling], generators: Sequence[torch.Generator],
+         banned: Sequence[Sequence[int]] = ()) -> list[tuple[int, float]]:
     """A (token, logprob) per row of the last position's ``logits`` [b, V]. Greedy rows (temperature 0) take the
-    argmax, with the logprob of log_softmax(logits)."""
+    argmax, with the logprob of log_softmax(logits). ``banned[row]``: tokens the row may not sample now (eos and
+    the stop ids before its ``min_tokens``), taken out before anything else, as vLLM's min-tokens processor does."""
     temperatures = torch.tensor([s.temperature or 1.0 for s in samplings], dtype=logits.dtype, device=logits.device)
     scaled = logits / temperatures[:, None]
+    for row, tokens in enumerate(banned):
+        scaled[row, list(tokens)] = -torch.inf
     logp = torch.log_softmax(scaled, -1)
     picked = []
     for row, (sampling, generator) in enumerate(zip(samplings, generators)):

@@ -342,6 +342,10 @@ def _sampling_params(sampling: Sampling, seed: int) -> dict:
                               "stream_interval": sampling.max_tokens}
     if sampling.stop_token_ids:
         params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.min_tokens:
+        raise ValueError(f"rollout.backend=sglang cannot honour Sampling.min_tokens={sampling.min_tokens}: SGLang "
+                         f"0.5.23 needs its tokenizer for min_new_tokens and rlcore runs it without one "
+                         f"(skip_tokenizer_init); ask without min_tokens, or use rollout.backend=vllm or hf")
     return params
 
 

@@ -18,6 +18,8 @@ pytestmark = [pytest.mark.slow]
 LIMITATIONS = {
     "seeds_reproduce_samples": "SGLang 0.5.23 honours per-request sampling_seed only in its deterministic mode, whose "
                                "attention backends are GPU-only; passes once it does on CPU",
+    "min_tokens": "SGLang 0.5.23 refuses min_new_tokens without its tokenizer (skip_tokenizer_init, which rlcore "
+                  "runs it with): the backend refuses Sampling.min_tokens in one line",
 }
 
 
