@@ -150,7 +150,7 @@ def actor_train_step(old_logprobs="actor", ref_logprobs=None, **options):
                  advantages=torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]))
     if ref_logprobs is not None:
         share["ref_logprobs"] = ref_logprobs
-    metrics = worker.train_step(share, total_tokens=4.0, total_sequences=2.0, on_policy=False)
+    metrics = worker.train_step(share, total_tokens=4.0, total_sequences=2.0, single_update=False)
     return worker.actor, metrics, share
 
 
@@ -182,6 +182,15 @@ def test_the_actor_weights_its_policy_loss_and_drops_rejected_sequences_over_the
     torch.testing.assert_close(actor.loss, expected.detach())
     assert actor.grad[1].abs().sum() == 0
     assert metrics["rollout_corr/rejected_seq_frac"] == 0.5 and metrics["rollout_corr/tis_clip_frac"] == 0.25
+
+
+def test_the_clip_fractions_count_the_kept_tokens_only():
+    """With sequence 1 rejected, actor/clip_frac and dual_clip_frac are over the 3 tokens the loss trains on: every
+    ratio is e^0.1, so sequence 0's tokens (A = 1) are clipped at 1 + 0.05 and sequence 1's (A = -1) is dual-clipped
+    at 1.05. Over the mask before rejection they were 3/4 and 1/4."""
+    _, metrics, _ = actor_train_step(rollout_rs_high=3.0, clip_ratio_high=0.05, clip_ratio_c=1.05)
+    assert metrics["rollout_corr/rejected_seq_frac"] == 0.5
+    assert metrics["actor/clip_frac"] == 1.0 and metrics["actor/dual_clip_frac"] == 0.0
 
 
 def test_the_correction_weights_the_surrogate_and_leaves_the_kl_term_alone():

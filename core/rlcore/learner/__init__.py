@@ -27,22 +27,22 @@ class Learner:
         self.cfg, self.actor, self.critic, self.algorithm, self.algo_cfg = cfg, actor, critic, algorithm, algo_cfg
         self.version = 0
 
-    def on_policy(self, batch: Batch) -> bool:
-        """Every row sampled by the current weights, and this batch their only update: the update's own forward is
-        then the old policy (no separate pass)."""
-        single_update = self.cfg.actor.mini_batches == 1 and self.cfg.actor.epochs == 1
-        return single_update and bool((batch["version"] == self.version).all())
+    def single_update(self) -> bool:
+        """The batch gets one optimizer update: the old (proximal) policy, the weights before the update, is then
+        what the update's own forward computes, detached (no separate pass), whichever weights sampled the rows
+        (async mode's stale rows included: their behaviour policy is the engine's logprobs, corrected against it)."""
+        return self.cfg.actor.mini_batches == 1 and self.cfg.actor.epochs == 1
 
     def update(self, batch: Batch, step: int, timer: Timer) -> dict[str, float]:
         """One step's learning on ``batch``; returns its metrics. The actor trains from ``critic.warmup_steps`` on."""
         cfg, algorithm, algo_cfg = self.cfg, self.algorithm, self.algo_cfg
-        on_policy = self.on_policy(batch)
+        single_update = self.single_update()
         metrics: dict[str, float] = {}
         self.actor.train_mode()
         with timer("logprobs"):
             if cfg.actor.old_logprobs == "rollout":     # the engine's own: no forward pass
                 batch["old_logprobs"] = batch["rollout_logprobs"]
-            elif not on_policy or algorithm.needs_old_logprobs(algo_cfg):
+            elif not single_update or algorithm.needs_old_logprobs(algo_cfg):
                 batch["old_logprobs"] = self.actor.logprobs(batch)
             if algorithm.needs_reference(algo_cfg):
                 batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
@@ -66,7 +66,7 @@ class Learner:
                 self.critic.call("sleep")
         if self.critic is None or step > cfg.critic.warmup_steps:
             with timer("train"):
-                actor_metrics, updates = mini_batch_updates(self.actor, cfg.actor, batch, on_policy)
+                actor_metrics, updates = mini_batch_updates(self.actor, cfg.actor, batch, single_update)
             metrics.update(actor_metrics)
             self.version += updates
         return metrics

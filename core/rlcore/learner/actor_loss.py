@@ -18,22 +18,22 @@ from rlcore.specs import Algorithm
 class ActorLoss:
     """``loss(logp, mb, entropy) -> (loss, metrics)`` for ``MegatronTrainable.train_step``.
 
-    The old (proximal) policy's logprobs: the engine's (``actor.old_logprobs=rollout``); on policy — every row
-    sampled by the weights being updated, and this their only update — this pass's own forward, detached (exact,
-    and one forward saved); otherwise the batch's ``old_logprobs``, computed before the update."""
+    The old (proximal) policy's logprobs: the engine's (``actor.old_logprobs=rollout``); when the batch gets a single
+    update, this pass's own forward, detached (the weights before the update: exact, and one forward saved);
+    otherwise the batch's ``old_logprobs``, computed before the first update."""
     algorithm: Algorithm
     algo_cfg: Any
     cfg: Config
     total_tokens: float
     total_sequences: float
-    on_policy: bool
+    single_update: bool
 
     def __call__(self, logp: torch.Tensor, mb, entropy: torch.Tensor) -> tuple[torch.Tensor, dict]:
         mask, rollout = mb["response_mask"], mb["rollout_logprobs"]
         if self.cfg.actor.old_logprobs == "rollout":   # the mismatch is measured to this pass's
             old, trainer = rollout, logp.detach()
         else:
-            old = trainer = logp.detach() if self.on_policy else mb["old_logprobs"]
+            old = trainer = logp.detach() if self.single_update else mb["old_logprobs"]
         # the engine sampled with the old policy's weights: their logprobs should agree; the gap is always measured,
         # and corrected where the algorithm's rollout_is / rollout_rs_* ask: importance weights on the advantages (a
         # clipped surrogate is positively homogeneous in them, so this weights the surrogate and leaves a KL-in-loss
@@ -41,7 +41,7 @@ class ActorLoss:
         metrics = mismatch_metrics(trainer, rollout, mask)
         weights, kept, corrected = correction(old, rollout, mask, self.algo_cfg)
         advantages = mb["advantages"] if weights is None else mb["advantages"] * weights
-        per_token, loss_metrics = self.algorithm.policy_loss(logp, old, advantages, mask,
+        per_token, loss_metrics = self.algorithm.policy_loss(logp, old, advantages, kept,   # its metrics: kept tokens
                                                              mb["ref_logprobs"] if "ref_logprobs" in mb else None,
                                                              self.algo_cfg)
         metrics.update(loss_metrics)

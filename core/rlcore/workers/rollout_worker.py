@@ -58,7 +58,7 @@ class RolloutWorker:
             **({"load_weights": False} if self.engine_dir else {}))
         self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
         self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path)
-        self.started = time.perf_counter()
+        self.stats_read = time.perf_counter()
         return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir)}
 
     async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory] | None]:
@@ -124,8 +124,10 @@ class RolloutWorker:
         return version, self.engine.score(*probe) if probe is not None else None
 
     async def stats(self) -> dict:
-        """The engine's counters since the last call (idle time, resumed requests, tokens)."""
-        return dataclasses.asdict(self.engine.stats())
+        """The engine's counters since the last call (idle time, resumed requests) and the seconds they span."""
+        now = time.perf_counter()
+        interval, self.stats_read = now - self.stats_read, now
+        return {**dataclasses.asdict(self.engine.stats()), "interval_s": interval}
 
     async def stop(self) -> None:
         if self.receiver is not None:

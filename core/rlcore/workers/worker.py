@@ -196,9 +196,9 @@ class ActorWorker(Worker):
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         return self.actor.logprobs(batch, reference=reference, temperature=self.cfg.rollout.temperature)
 
-    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
-        loss_fn = ActorLoss(self.algorithm, self.algo_cfg, self.cfg, total_tokens, total_sequences, on_policy)
+        loss_fn = ActorLoss(self.algorithm, self.algo_cfg, self.cfg, total_tokens, total_sequences, single_update)
         return self.actor.train_step(share, loss_fn, self.cfg.rollout.temperature, entropy=True)
 
     # --- async mode: the weights to the rollout workers --------------------------------------------------------
@@ -287,8 +287,8 @@ class ActorRolloutWorker(ActorWorker):
     def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
         return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
 
-    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, on_policy: bool) -> dict:
-        metrics = super().train_step(share, total_tokens, total_sequences, on_policy)
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
+        metrics = super().train_step(share, total_tokens, total_sequences, single_update)
         self.engine.mark_updated()
         return metrics
 
