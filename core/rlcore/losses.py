@@ -33,8 +33,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, total_toke
     seq-mean-token-sum-norm (Dr. GRPO): each sequence's sum over its tokens divided by the constant
     ``token_sum_norm`` (the maximum response length), then the mean over sequences, as in the paper. A constant,
     not this batch's longest response or padded width, so no sequence's weight depends on what it was batched with
-    or how the mini-batch was split. (verl's variant leaves out the mean over sequences: its scale follows the
-    micro-batch size.)"""
+    or how the mini-batch was split. verl (0.7.1 on; 0.9's agg_loss) also takes the mean over sequences, but
+    divides by its ``loss_scale_factor``, which unless set is the micro-batch's padded width; before 0.7.1 it left
+    out the mean over sequences (its scale followed the micro-batch size)."""
     kept = masked(per_token, mask)
     if mode == "token-mean":
         return kept.sum() / max(total_tokens, 1.0)
