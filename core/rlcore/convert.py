@@ -84,7 +84,8 @@ class Rename:
 @dataclass(frozen=True)
 class FusedQKV:
     """Megatron's ``linear_qkv``: per query group, [q heads of the group; k; v] stacked on dim 0, split under TP
-    by whole query groups. HF keeps q, k, v as separate projections."""
+    by whole query groups. HF keeps q, k, v as separate projections. Works for the weight and for the 1-D bias
+    (Qwen2's ``add_qkv_bias``): the first dimension is laid out the same way, the rest is carried along."""
     megatron: str
     q: str
     k: str
@@ -98,27 +99,27 @@ class FusedQKV:
         full = _cat(shards, 0)
         g, d = layout.num_query_groups, layout.head_dim
         per_group = layout.num_heads // g
-        q, k, v = full.view(g, (per_group + 2) * d, -1).split([per_group * d, d, d], dim=1)
-        return [(self.q, q.reshape(-1, full.shape[-1])), (self.k, k.reshape(-1, full.shape[-1])),
-                (self.v, v.reshape(-1, full.shape[-1]))]
+        rest = full.shape[1:]
+        q, k, v = full.view(g, (per_group + 2) * d, *rest).split([per_group * d, d, d], dim=1)
+        return [(self.q, q.reshape(-1, *rest)), (self.k, k.reshape(-1, *rest)), (self.v, v.reshape(-1, *rest))]
 
     def from_hf(self, hf, layout: Layout, tp_rank: int, tp_size: int, padded_shape: torch.Size):
         g, d = layout.num_query_groups, layout.head_dim
         per_group = layout.num_heads // g
         q, k, v = (hf[n] for n in (self.q, self.k, self.v))
-        hidden = q.shape[-1]
-        fused = torch.cat([q.view(g, per_group * d, hidden), k.view(g, d, hidden), v.view(g, d, hidden)], dim=1)
-        return _shard(fused.reshape(-1, hidden), 0, tp_rank, tp_size)
+        rest = q.shape[1:]
+        fused = torch.cat([q.view(g, per_group * d, *rest), k.view(g, d, *rest), v.view(g, d, *rest)], dim=1)
+        return _shard(fused.reshape(-1, *rest), 0, tp_rank, tp_size)
 
     def shard_to_hf(self, shard, hf, tp_rank: int, tp_size: int, layout: Layout):
         g, d = layout.num_query_groups, layout.head_dim
         per_group = layout.num_heads // g
-        hidden = shard.shape[-1]
+        rest = shard.shape[1:]
         groups = shard.shape[0] // ((per_group + 2) * d)          # the query groups this rank holds
         first = tp_rank * groups
-        sources = shard.view(groups, per_group + 2, d, hidden).split([per_group, 1, 1], dim=1)
+        sources = shard.view(groups, per_group + 2, d, *rest).split([per_group, 1, 1], dim=1)
         heads = (per_group, 1, 1)
-        return [(t.view(g, n, d, hidden)[first: first + groups], src) for t, n, src in zip(hf, heads, sources)]
+        return [(t.view(g, n, d, *rest)[first: first + groups], src) for t, n, src in zip(hf, heads, sources)]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""rlcore model plugin for Qwen2 / Qwen2.5 and Qwen2-MoE."""
