@@ -1,0 +1,1 @@
+"""rlcore model plugin for Llama 3.x."""
