@@ -12,12 +12,12 @@ from rlcore.sizing import dry_run
 
 LARGE = [p for p in preset_names() if p.endswith("gpu")]
 PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16,
-                      "qwen3-8b": 8.2}
+                      "qwen3-8b": 8.2, "qwen2.5-7b": 7.61, "qwen2-7b": 7.62, "llama-3.1-8b": 8.03}
 
 
 @pytest.fixture(scope="module")
 def registry():
-    return load_plugins(["qwen3", "deepseek"]).registry
+    return load_plugins(["qwen3", "deepseek", "qwen2", "llama"]).registry
 
 
 def check(registry, preset, *overrides):
@@ -26,8 +26,9 @@ def check(registry, preset, *overrides):
 
 
 def test_there_are_presets_for_every_published_recipe():
-    assert len(LARGE) == 13 and {p.rsplit("-", 1)[0] for p in LARGE} == {
-        "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b", "qwen3-8b-gsm8k"}
+    assert len(LARGE) == 16 and {p.rsplit("-", 1)[0] for p in LARGE} == {
+        "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b", "qwen3-8b-gsm8k",
+        "qwen2.5-7b-gsm8k", "qwen2-7b", "llama-3.1-8b"}
 
 
 @pytest.mark.parametrize("preset", LARGE)
