@@ -41,7 +41,7 @@ def test_out_of_range_value_says_what_is_allowed():
     (["actor.pack_sequences=true"], "actor.pack_sequences = true needs actor.max_tokens_per_micro_batch > 0"),
     (["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=512", "trainer.world_size=2",
       "actor.parallel.cp=2"], "actor.pack_sequences = true with actor.parallel.cp = 2"),
-    (["actor.old_logprobs=engine"], "'actor.old_logprobs' = 'engine' is not allowed: use actor or rollout"),
+    (["actor.old_logprobs=engine"], "'actor.old_logprobs' = 'engine' is not allowed: use auto, actor or rollout"),
     (["trainer.mode=sync"], "'trainer.mode' = 'sync' is not allowed: use colocated or async"),
     (["trainer.mode=async", "rollout.sync_every=3", "rollout.max_staleness=1"],
      "rollout.sync_every = 3 with rollout.max_staleness = 1: .* set rollout.max_staleness >= 2"),
@@ -96,3 +96,30 @@ def test_naming_another_task_leaves_the_files_task_options_behind(tmp_path):
     assert load_config(str(tmp_path / "recipe.yaml"), ["task.name=addition"]).task.options == {"digits": 3}
     cfg = load_config(str(tmp_path / "recipe.yaml"), ["task.name=dataset", "task.options.train_files=[a.parquet]"])
     assert cfg.task.options == {"train_files": ["a.parquet"]}
+
+
+ASYNC = ["trainer.mode=async", "rollout.world_size=1"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([], "actor"),                                                          # colocated: on policy
+    (ASYNC + ["rollout.max_staleness=0"], "actor"),
+    (ASYNC + ["rollout.max_staleness=1"], "rollout"),                       # stale: PPO's ratio against the engine's
+    (ASYNC + ["rollout.max_staleness=2", "algorithm.rollout_is=token"], "actor"),   # the run's own correction
+    (ASYNC + ["rollout.max_staleness=2", "algorithm.rollout_is=none"], "actor"),    # ... or none, as it asked
+    (ASYNC + ["rollout.max_staleness=1", "actor.old_logprobs=actor"], "actor"),
+    (["actor.old_logprobs=rollout"], "rollout"),
+])
+def test_the_old_policy_defaults_to_the_engines_logprobs_only_for_stale_samples(overrides, expected):
+    assert load_config("quickstart", overrides).actor.old_logprobs == expected
+
+
+def test_async_with_the_trainers_old_policy_gets_truncated_importance_weights_unless_it_chose():
+    from rlcore.rollout_correction import async_default
+    grpo = pytest.importorskip("rlcore_algo_grpo.grpo")
+
+    cfg = load_config("quickstart", ASYNC + ["rollout.max_staleness=1", "actor.old_logprobs=actor"])
+    assert async_default(cfg, grpo.GRPOConfig) == "algorithm.rollout_is=token" and cfg.algorithm["rollout_is"] == "token"
+    for chosen in (["actor.old_logprobs=auto"], ["actor.old_logprobs=actor", "algorithm.rollout_is=none"]):
+        cfg = load_config("quickstart", ASYNC + ["rollout.max_staleness=1", *chosen])
+        assert async_default(cfg, grpo.GRPOConfig) is None

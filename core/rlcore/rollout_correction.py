@@ -144,10 +144,12 @@ def check_old_logprobs_source(source: str, cfg) -> None:
 
 def async_default(cfg, config_cls: type) -> str | None:
     """In async mode with ``rollout.max_staleness`` > 0 the samples come from older weights than the learner's, and
-    async runs collapse without importance correction (NeMo-RL's finding): token-level truncated importance
-    weights pi_learner / pi_behaviour are on unless the run set ``algorithm.rollout_is`` itself (with the default
-    ``actor.old_logprobs=actor`` the clipped ratio is then against the learner's weights before the update, the
-    decoupled PPO loss). Sets it in ``cfg.algorithm`` (every worker binds that) and returns what it set."""
+    async runs collapse without importance correction (NeMo-RL's finding). By default the old policy is then the
+    engine's (``actor.old_logprobs=auto``, rlcore.config.loader.resolve_old_logprobs); a run that asks for the
+    trainer's (``actor.old_logprobs=actor``, the decoupled PPO loss: the clipped ratio against the learner's weights
+    before the update) gets token-level truncated importance weights pi_learner / pi_behaviour unless it set
+    ``algorithm.rollout_is`` itself. Sets it in ``cfg.algorithm`` (every worker binds that) and returns what it
+    set."""
     if (cfg.trainer.mode != "async" or cfg.rollout.max_staleness == 0 or "rollout_is" in cfg.algorithm
             or cfg.actor.old_logprobs != "actor" or not issubclass(config_cls, RolloutCorrection)):
         return None

@@ -40,9 +40,9 @@ class Run:
         self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
         corrected = async_default(cfg, self.algorithm.config_cls)
         if corrected:
-            log.warning("trainer.mode=async with rollout.max_staleness=%d: %s (truncated importance weights against "
-                        "the engine's logprobs); set algorithm.rollout_is=none to train uncorrected",
-                        cfg.rollout.max_staleness, corrected)
+            log.warning("trainer.mode=async with rollout.max_staleness=%d and actor.old_logprobs=actor: %s "
+                        "(truncated importance weights against the engine's logprobs); set algorithm.rollout_is=none "
+                        "to train uncorrected", cfg.rollout.max_staleness, corrected)
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         check_old_logprobs_source(cfg.actor.old_logprobs, self.algo_cfg)
         task_spec = reg.get("tasks", cfg.task.name)

@@ -118,10 +118,11 @@ class ActorConfig(TrainedModelConfig):
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)
-    old_logprobs: str = "actor"   # the old policy in the clipped ratio: actor = the trainer's (a forward pass before
-                                  # the update when it is off-policy: mini_batches or epochs > 1); rollout = the
-                                  # engine's own from sampling (no pass; the ratio then carries the engine-trainer
-                                  # mismatch too, and is clipped with it)
+    old_logprobs: str = "auto"    # the old policy in the clipped ratio: actor = the trainer's (a forward pass before
+                                  # the update when a batch gets several updates); rollout = the engine's own from
+                                  # sampling (no pass; the ratio then carries the engine-trainer mismatch and the
+                                  # staleness too, and is clipped with them); auto = rollout in async mode with
+                                  # max_staleness > 0 unless algorithm sets a correction key, else actor
 
 
 @dataclass
