@@ -27,10 +27,20 @@ LAYOUTS = {
     "moe-ep2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.ep=2"],
     "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2",
                             "actor.parallel.ep=2", "rollout.tp=2"],
+    # Qwen2: the QKV bias split over TP by whole query groups, in training and in the engine
+    "qwen2-tp2-rollout_tp2": ["model.family=qwen2", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
+                              "rollout.tp=2"],
 }
 
 
-def run_layout(tmp_path, cache, overrides, steps, plugins=("qwen3", "grpo", "vllm")):
+def plugins_for(overrides, engine):
+    """GRPO, the engine, and the model plugin of the layout's family (qwen3's unless it names another)."""
+    family = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.family=")), "qwen3")
+    return (family.split("_")[0], "grpo", engine)
+
+
+def run_layout(tmp_path, cache, overrides, steps, engine="vllm"):
+    plugins = plugins_for(overrides, engine)
     cfg = load_config("quickstart", [*overrides, f"trainer.steps={steps}", "trainer.check_logprobs_every=1",
                                      "trainer.eval_every=0", "trainer.export_hf=false", "run.progress=false",
                                      "trainer.loggers=[jsonl]", f"run.dir={tmp_path / 'run'}",

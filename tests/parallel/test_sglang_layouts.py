@@ -21,14 +21,15 @@ SGLANG = ["rollout.backend=sglang"]
 EVERY_RUN = ["tp2-rollout_tp2", "pp2", "moe-ep2"]
 # the rest of the vLLM layouts that run on CPU, on request (RLCORE_ALL_LAYOUTS=1): ~1.5 min each, and their
 # resharded stream is the one the vLLM layouts check
-ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2"]
+ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
+              "qwen2-tp2-rollout_tp2"]
 ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
 @pytest.mark.parametrize("layout", EVERY_RUN + [pytest.param(layout, marks=ON_REQUEST_ONLY) for layout in ON_REQUEST])
 def test_sglang_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, SGLANG + LAYOUTS[layout], steps=3,
-                                          plugins=("qwen3", "grpo", "sglang"))
+                                          engine="sglang")
     assert len(history) == 3
     # fp32 on both sides: measured 0 to 4.8e-6 (vLLM's layouts allow 1e-3)
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
