@@ -176,3 +176,59 @@ def test_without_a_timeout_the_hung_request_hangs_the_run(tmp_path, warm_start_c
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
+
+
+BROKEN_LOAD_BACKEND = '''"""vLLM whose engine fails halfway through loading its first weight push: a receiver that errors but lives.
+It notes when, in the file MARKER."""
+import pathlib
+import time
+
+from rlcore.hookspecs import hookimpl
+from rlcore.specs import RolloutBackendSpec
+from rlcore_rollout_vllm.backend import VLLMRollout
+
+MARKER = pathlib.Path({marker!r})
+
+
+class BrokenLoadVLLM(VLLMRollout):
+    def update_weights(self, named_tensors, version):
+        next(iter(named_tensors))             # the first tensor arrives; the rest of the push never will
+        MARKER.write_text(str(time.time()))
+        raise RuntimeError("the engine's weight loader broke (a test's)")
+
+
+def make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
+    return BrokenLoadVLLM(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
+                          load_weights=load_weights)
+
+
+@hookimpl
+def rlcore_rollout_backends():
+    return [RolloutBackendSpec("broken_load_vllm", make)]
+'''
+
+
+def test_a_rollout_worker_that_fails_to_load_a_push_stops_the_run_with_its_error(tmp_path, warm_start_cache):
+    """The receiver lives on and the sender is mid-push: its channel is closed, so the trainer hears at once (not
+    after the push's 300 s timeout) and the line names the worker and its own error, not the channel's echo."""
+    site, marker = tmp_path / "site", tmp_path / "broke"
+    site.mkdir()
+    install_distribution(site, "rlcore-broken-load-vllm", "broken_load_vllm",
+                         BROKEN_LOAD_BACKEND.format(marker=str(marker)), entry="broken_load_vllm")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}
+    with open(tmp_path / "stderr", "w") as stderr:
+        run = start(async_quickstart(tmp_path / "run", warm_start_cache, "rollout.backend=broken_load_vllm",
+                                     plugins="qwen3,grpo,broken_load_vllm", steps=4), stderr=stderr, env=env)
+        try:
+            code = run.wait(timeout=400)
+            took = time.time() - float(marker.read_text())
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+    err = (tmp_path / "stderr").read_text()
+    assert code not in (0, None), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"rlcore: error: rollout worker 0 \(pid \d+ on {HOST}\) failed: .*the engine's weight loader "
+                        rf"broke \(a test's\); .+", last), err[-3000:]
+    assert took < 30, (took, err[-3000:])         # the push's own timeout: 300 s

@@ -255,11 +255,12 @@ class QueuedSource(Source):
         raise WorkerDied(message) from None
 
     def _dead_receiver(self, refs: list) -> None:
-        """After a failed push: a rollout worker that died during it (the sender's error is then only its echo)
-        stops the run with one line naming it. The live receivers are still waiting for the push: not waited for."""
+        """After a failed push: a rollout worker that died during it, or failed to load it (the sender's error is then
+        only its echo), stops the run with one line naming it. Receivers that only echo the channel's failure, or
+        still wait for the push, are passed by."""
         import ray
-        from ray.exceptions import ActorDiedError, OutOfMemoryError
 
+        from rlcore.weight_sync.push import WeightPushError
         from rlcore.workers.group import PEER_DEATH_WAIT_S
 
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
@@ -267,10 +268,10 @@ class QueuedSource(Source):
             if ref in ready:
                 try:
                     ray.get(ref)
-                except (ActorDiedError, OutOfMemoryError) as e:
-                    self._worker_failed(index, e)
-                except Exception:
+                except WeightPushError:
                     pass
+                except Exception as e:
+                    self._worker_failed(index, e)
 
     def _take(self) -> tuple[Produced, int]:
         """A finished group of the oldest version started (waiting for one: a straggler is waited for, not passed

@@ -119,8 +119,13 @@ class RolloutWorker:
 
     def _load(self, probe: tuple[list[list[int]], list[int]] | None) -> tuple[int, list[list[float]] | None]:
         assert self.receiver is not None, "open_push first"
-        version, stream = self.receiver.receive()
-        self.engine.update_weights(stream, version)
+        try:
+            version, stream = self.receiver.receive()
+            self.engine.update_weights(stream, version)
+        except BaseException:   # a push given up halfway: closing the channel tells the sender at once, where it
+            self.receiver.close()   # would otherwise wait out its timeout for the rest of the collectives
+            self.receiver = None
+            raise
         return version, self.engine.score(*probe) if probe is not None else None
 
     async def stats(self) -> dict:
