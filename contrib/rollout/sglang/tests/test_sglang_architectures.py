@@ -42,6 +42,10 @@ def test_the_list_read_from_source_is_sglangs_registry():
     ({"architectures": ["NoSuchForCausalLM"]}, False, "SGLang 0.5.23 has no model class for architecture NoSuch"),
     ({"architectures": ["DeepseekV3ForCausalLM"]}, False, None),       # a dry run plans for GPUs
     ({"architectures": ["DeepseekV3ForCausalLM"]}, True, "disagrees with transformers by 0.22"),
+    ({"architectures": ["Qwen2ForCausalLM"]}, True, None),
+    ({"architectures": ["LlamaForCausalLM"]}, True, None),
+    ({"architectures": ["Qwen2MoeForCausalLM"]}, False, None),
+    ({"architectures": ["Qwen2MoeForCausalLM"]}, True, "a Triton kernel (fused_gate_sigmoid_mul_add)"),
 ])
 def test_unservable(hf, on_cpu, expected):
     reason = unservable(hf, on_cpu)
