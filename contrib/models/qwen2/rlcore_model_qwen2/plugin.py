@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from rlcore.convert import FusedGateUp, FusedQKV, Rename
+from rlcore.errors import ConfigError
 from rlcore.hf_config import plain_rope_theta, require_silu, unsupported
 from rlcore.hookspecs import hookimpl
 from rlcore.specs import ModelSpec
@@ -113,8 +114,9 @@ def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads
                    head_dim: int, ffn_hidden_size: int, max_position_embeddings: int, eos_token_id: int = 0) -> dict:
     """``head_dim`` must be hidden_size / num_heads (Qwen2 derives it; config.json has no such key)."""
     if head_dim * num_heads != hidden_size:
-        raise ValueError(f"Qwen2 derives head_dim from hidden_size / num_heads: head_dim={head_dim} with "
-                         f"hidden_size={hidden_size}, num_heads={num_heads}; choose sizes where they agree")
+        raise ConfigError(f"model.tiny: Qwen2 derives head_dim from hidden_size / num_heads, so head_dim={head_dim} "
+                          f"does not go with hidden_size={hidden_size}, num_heads={num_heads}; set model.tiny sizes "
+                          "where head_dim * num_heads = hidden_size")
     return {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": vocab_size,
         "hidden_size": hidden_size, "intermediate_size": ffn_hidden_size, "num_hidden_layers": num_layers,

@@ -63,3 +63,11 @@ def test_expert_parallel_conversion(family):
     if spec is not QWEN2_MOE:
         pytest.skip("dense model: no experts")
     assert_expert_parallel("qwen2", spec.name, path)
+
+
+def test_tiny_sizes_qwen2_cannot_have_are_one_config_error():
+    """`rlcore run model.family=qwen2 model.tiny.hidden_size=64` (head_dim 32, 4 heads): one line, no traceback."""
+    from rlcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model.tiny: .* head_dim=32 does not go with hidden_size=64, num_heads=4"):
+        QWEN2.tiny_hf_config(vocab_size=48, **{**SIZES, "num_heads": 4})
