@@ -2,6 +2,8 @@
 
 For every layout: after every weight push the engine's logprobs on a fixed batch equal the actor's (the engine's
 reusable check, on every rank), and after training the replicas that must agree do agree bit for bit."""
+import os
+
 import pytest
 
 from rlcore.config import load_config
@@ -29,6 +31,9 @@ LAYOUTS = {
                             "actor.parallel.ep=2", "rollout.tp=2"],
     # Qwen2: the QKV bias split over TP by whole query groups, in training and in the engine
     "qwen2-tp2-rollout_tp2": ["model.family=qwen2", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
+                              "rollout.tp=2"],
+    # Llama 3.x (llama3-scaled RoPE) at TP2 on both sides: on request (nothing in it is split differently from Qwen3)
+    "llama-tp2-rollout_tp2": ["model.family=llama", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
                               "rollout.tp=2"],
 }
 
@@ -75,7 +80,10 @@ def assert_replicas_agree(prints):
 
 # plain TP2 and PP2 run with SGLang generating (test_sglang_layouts.py); vLLM runs their variants: SP, collectives,
 # rollout TP2, uneven stages
-VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"})
+# on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time
+VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2"]
+VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"} - set(VLLM_ON_REQUEST))
+ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
 @pytest.fixture
@@ -96,7 +104,8 @@ def stale_vllm_segments(layout):
         path.unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("layout", VLLM_LAYOUTS)
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS + [pytest.param(layout, marks=ON_REQUEST_ONLY)
+                                                  for layout in VLLM_ON_REQUEST])
 def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout, stale_vllm_segments):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS[layout], steps=3)
     assert len(history) == 3
