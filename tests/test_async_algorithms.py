@@ -31,22 +31,29 @@ def run_within(cmd, limit_s: float) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
-def ppo(history):
+def ppo(history, summary):
     assert all("critic/value_loss" in h and "values/mean" in h for h in history)       # the critic trained
     assert len({h["algo/kl_coef"] for h in history}) > 1                               # the KL coefficient adapted
 
 
-def rloo(history):
+def rloo(history, summary):
     assert all("rloo/pg_loss" in h for h in history)
 
 
-def dynamic_sampling(history):
+def dynamic_sampling(history, summary):
     assert sum(h["sampling/groups_dropped"] for h in history) >= 1, "8 samples of an addition: some groups agree"
     assert all(h["algo/groups_all_equal_reward"] == 0 for h in history)      # only groups with a signal trained
 
 
-def sglang(history):
+def sglang(history, summary):
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)     # SGLang scores as the trainer after a push
+
+
+def sglang_tp2(history, summary):
+    """One rollout worker whose engine runs its two tensor-parallel ranks as processes of its own."""
+    sglang(history, summary)
+    [worker] = summary["rollout_workers"]
+    assert {"sglang::scheduler_TP0", "sglang::scheduler_TP1"} <= set(worker["engine_processes"]), worker
 
 
 CASES = {   # plugins, overrides, what else holds
@@ -54,8 +61,11 @@ CASES = {   # plugins, overrides, what else holds
     "rloo": ("qwen3,rloo,vllm", ["algorithm.name=rloo"], rloo),
     "dynamic_sampling": ("qwen3,grpo,vllm", ["algorithm.dynamic_sampling=true"], dynamic_sampling),
     "sglang": ("qwen3,grpo,sglang", ["rollout.backend=sglang", "trainer.check_logprobs_every=1"], sglang),
+    "sglang_tp2": ("qwen3,grpo,sglang", ["rollout.backend=sglang", "trainer.check_logprobs_every=1",
+                                         "rollout.world_size=2", "rollout.tp=2"], sglang_tp2),
 }
-MARKS = {"sglang": [pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")]}
+NO_SGLANG = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
+MARKS = {"sglang": [NO_SGLANG], "sglang_tp2": [NO_SGLANG]}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=MARKS.get(c, [])) for c in CASES])
@@ -71,4 +81,4 @@ def test_async_run_stays_within_the_staleness_bound(tmp_path, warm_start_cache, 
     assert all(h["sync/bytes"] > 0 for h in history)          # a push after every update
     summary = json.load(open(run_dir / "summary.json"))
     assert 0 <= summary["eval_accuracy_after"] <= 1, summary
-    check(history)
+    check(history, summary)

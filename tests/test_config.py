@@ -45,7 +45,8 @@ def test_out_of_range_value_says_what_is_allowed():
     (["trainer.mode=sync"], "'trainer.mode' = 'sync' is not allowed: use colocated or async"),
     (["trainer.mode=async", "rollout.sync_every=3", "rollout.max_staleness=1"],
      "rollout.sync_every = 3 with rollout.max_staleness = 1: .* set rollout.max_staleness >= 2"),
-    (["trainer.mode=async", "rollout.tp=2"], "rollout.tp = 2 with trainer.mode=async"),
+    (["trainer.mode=async", "rollout.world_size=3", "rollout.tp=2"],
+     r"rollout.world_size = 3 is not a multiple of rollout.tp = 2 \(async mode"),
 ])
 def test_micro_batch_options_that_cannot_work_are_refused(overrides, expected):
     with pytest.raises(ConfigError, match=expected):

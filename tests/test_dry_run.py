@@ -148,8 +148,10 @@ def test_a_reference_policy_is_counted_where_it_lives(registry, capsys):
 def test_an_async_plan_names_its_rollout_workers(registry, capsys):
     from rlcore.cli import dry_run as cli_dry_run
 
-    cfg = load_config("qwen3-30b-a3b-8gpu", ["trainer.mode=async", "rollout.world_size=2", "rollout.tp=1",
-                                             "rollout.max_staleness=2", "rollout.partial=true"])
-    assert cli_dry_run(cfg, load_plugins(None)) == 0
-    assert ("rollout    async: 2 rollout worker(s) of their own, one engine each with the whole model (56.9 GiB "
-            "in 16-bit) and its KV cache; max_staleness 2, partial True") in capsys.readouterr().out
+    for tp, workers, gib in ((1, 2, "56.9"), (2, 1, "28.4")):
+        cfg = load_config("qwen3-30b-a3b-8gpu", ["trainer.mode=async", "rollout.world_size=2", f"rollout.tp={tp}",
+                                                 "rollout.max_staleness=2", "rollout.partial=true"])
+        assert cli_dry_run(cfg, load_plugins(None)) == 0
+        assert (f"rollout    async: {workers} rollout worker(s) of their own, one engine each at tp {tp} ({gib} GiB "
+                f"of weights in 16-bit per process) and its KV cache; max_staleness 2, partial True"
+                ) in capsys.readouterr().out

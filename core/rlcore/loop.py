@@ -60,7 +60,8 @@ def train(run: "Run") -> dict:
     run.setup()
     summary = {"run_dir": run.run_dir, "model_path": run.model_path,
                "parameters": run.workers.call("num_parameters")[0],
-               "worker_nodes": [c.node for c in run.workers.coords]}
+               "worker_nodes": [c.node for c in run.workers.coords],
+               **({"rollout_workers": run.rollout.where} if run.rollout else {})}
     if run.resume_from:
         done, eval_before = run.restore(run.resume_from)
         history = checkpoint.logged_history(run.run_dir, done)

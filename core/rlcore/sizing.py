@@ -225,8 +225,9 @@ def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]
     ]
     if cfg.trainer.mode == "async":
         r = cfg.rollout
-        lines.append(f"rollout    async: {r.world_size} rollout worker(s) of their own, one engine each with the whole "
-                     f"model ({m['total_params'] * 2 / GIB:.1f} GiB in 16-bit) and its KV cache; max_staleness "
+        lines.append(f"rollout    async: {r.world_size // r.tp} rollout worker(s) of their own, one engine each at "
+                     f"tp {r.tp} ({m['total_params'] * 2 / GIB / r.tp:.1f} GiB of weights in 16-bit per process) "
+                     f"and its KV cache; max_staleness "
                      f"{r.max_staleness}, partial {r.partial}, weights pushed every {r.sync_every} step(s) from the "
                      f"trainer's rank 0 in buckets of {r.sync_bucket_mb:g} MB; old policy: "
                      f"actor.old_logprobs={cfg.actor.old_logprobs}")

@@ -176,9 +176,9 @@ def check_values(cfg: Config) -> None:
                           f"{cfg.rollout.max_staleness}: pushing weights every {cfg.rollout.sync_every} steps trains "
                           f"samples up to {cfg.rollout.sync_every - 1} versions behind; set rollout.max_staleness >= "
                           f"{cfg.rollout.sync_every - 1}")
-    if cfg.trainer.mode == "async" and cfg.rollout.tp != 1:
-        raise ConfigError(f"rollout.tp = {cfg.rollout.tp} with trainer.mode=async: rollout workers host one "
-                          f"single-process engine each so far; use rollout.tp=1 and more rollout.world_size")
+    if cfg.trainer.mode == "async" and cfg.rollout.world_size % cfg.rollout.tp:
+        raise ConfigError(f"rollout.world_size = {cfg.rollout.world_size} is not a multiple of rollout.tp = "
+                          f"{cfg.rollout.tp} (async mode: world_size / tp engine replicas of tp processes each)")
     elif cfg.trainer.mode == "colocated" and world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
     for key in ("model.path", "critic.model_path"):

@@ -37,8 +37,10 @@ class RolloutWorker:
 
     async def start(self) -> dict:
         """Build the engine on the actor's event loop (an engine may bind to the loop it is built on); where this
-        worker runs."""
+        worker runs, and the processes its engine started (an engine at rollout.tp > 1 runs its ranks there)."""
         import socket
+
+        import psutil
 
         from rlcore.megatron.model import read_hf_config
         from rlcore.plugins import load_plugins
@@ -59,7 +61,14 @@ class RolloutWorker:
         self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
         self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path)
         self.stats_read = time.perf_counter()
-        return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir)}
+        started = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                started.append(child.cmdline()[0])
+            except (psutil.Error, IndexError):      # gone already, or a zombie
+                pass
+        return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir),
+                "engine_processes": started}
 
     async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory] | None]:
         try:
@@ -146,8 +155,10 @@ class RolloutWorker:
 
 
 class RolloutWorkers:
-    """The driver's handle on the rollout workers: ``rollout.world_size`` Ray actors in a placement group of their
-    own, started and ready (engines built) on return."""
+    """The driver's handle on the rollout workers: one Ray actor per engine replica (``rollout.world_size /
+    rollout.tp``), each holding ``rollout.tp`` slots of a placement group of their own for its engine's
+    tensor-parallel processes (which the engine starts itself: SGLang's schedulers); started and ready (engines
+    built) on return."""
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
         import ray
@@ -157,11 +168,12 @@ class RolloutWorkers:
         from rlcore.workers.group import start_ray
 
         start_ray(cfg)
-        self.world = cfg.rollout.world_size
-        self.placement = placement_group([{"CPU": 1}] * self.world, strategy=cfg.trainer.placement.upper())
+        tp = cfg.rollout.tp
+        self.world = cfg.rollout.world_size // tp
+        self.placement = placement_group([{"CPU": tp}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
         env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
-        remote_cls = ray.remote(num_cpus=1)(RolloutWorker)
+        remote_cls = ray.remote(num_cpus=tp)(RolloutWorker)
         self.workers: list[Any] = [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
                                            runtime_env=env).remote(cfg, plugin_names, model_path, i)
                         for i in range(self.world)]

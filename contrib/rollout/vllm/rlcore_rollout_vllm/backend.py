@@ -32,6 +32,10 @@ class VLLMRollout(RolloutBackend):
         # The engine runs in this process, so tensors pass to it directly. On CPU it then also binds this
         # process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND) and turns torch.set_num_threads into a no-op.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if cfg.tp > 1 and not distributed:
+            raise ValueError(f"rollout.backend=vllm hosts rollout.tp={cfg.tp} only colocated (each trainer rank its "
+                             f"shard, vLLM's external launcher), not in one async rollout worker yet: use rollout.tp=1 "
+                             f"and more rollout.world_size, or rollout.backend=sglang")
         from vllm import LLM
 
         if distributed and not torch.cuda.is_available():

@@ -16,3 +16,14 @@ pytestmark = [pytest.mark.slow]
 class TestVLLMContract(RolloutContract):
     factory = RegisteredBackend("vllm")
     in_subprocess = True
+
+
+def test_an_async_rollout_worker_at_tp_above_1_is_refused_in_one_line():
+    """Without the external launcher (colocated) the engine would silently run at tp 1."""
+    from types import SimpleNamespace
+
+    from rlcore_rollout_vllm.backend import VLLMRollout
+
+    with pytest.raises(ValueError, match=r"rollout.backend=vllm hosts rollout.tp=2 only colocated .* or "
+                                         r"rollout.backend=sglang"):
+        VLLMRollout("unused", SimpleNamespace(tp=2), distributed=False)
