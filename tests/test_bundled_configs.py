@@ -50,6 +50,11 @@ KEYS = {
         num_key_value_heads output_router_logits rms_norm_eps rope_theta router_aux_loss_coef
         shared_expert_intermediate_size sliding_window tie_word_embeddings torch_dtype transformers_version
         use_cache use_sliding_window vocab_size""",
+    "qwen2-7b-instruct": """
+        architectures attention_dropout bos_token_id eos_token_id hidden_act hidden_size initializer_range
+        intermediate_size max_position_embeddings max_window_layers model_type num_attention_heads num_hidden_layers
+        num_key_value_heads rms_norm_eps rope_theta sliding_window tie_word_embeddings torch_dtype
+        transformers_version use_cache use_sliding_window vocab_size""",
     "qwen2.5-0.5b": """
         architectures attention_dropout bos_token_id eos_token_id hidden_act hidden_size initializer_range
         intermediate_size max_position_embeddings max_window_layers model_type num_attention_heads num_hidden_layers
