@@ -1,6 +1,7 @@
-"""Three GRPO steps with a tiny Qwen2 (QKV bias) through `rlcore run --plugins=qwen2,grpo,<engine>` on vLLM and on
-SGLang, and with a tiny Qwen2-MoE (shared expert behind its sigmoid gate) on vLLM: the engine is checked against the
-actor after every weight push (run_grpo_smoke: max logprob difference < 1e-3)."""
+"""Three GRPO steps with a tiny Qwen2 (QKV bias) and a tiny Qwen2-MoE (shared expert behind its sigmoid gate) through
+`rlcore run --plugins=qwen2,grpo,<engine>` on vLLM and on SGLang: the engine is checked against the actor after every
+weight push (run_grpo_smoke: max logprob difference < 1e-3). SGLang's Qwen2-MoE on CPU takes its shared-expert gate
+from rlcore_rollout_sglang's shim (shared_expert_gate_in_torch)."""
 import pytest
 
 from rlcore.testing import run_grpo_smoke
@@ -8,7 +9,8 @@ from rlcore.testing import run_grpo_smoke
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-@pytest.mark.parametrize("family, engine", [("qwen2", "vllm"), ("qwen2", "sglang"), ("qwen2_moe", "vllm")])
+@pytest.mark.parametrize("family, engine", [("qwen2", "vllm"), ("qwen2", "sglang"),
+                                            ("qwen2_moe", "vllm"), ("qwen2_moe", "sglang")])
 def test_grpo_steps_with_engine_checks(family, engine, tmp_path):
     history = run_grpo_smoke(f"qwen2,grpo,{engine}", family, str(tmp_path / "run"), 3, f"rollout.backend={engine}")
     assert all(h["sync/bytes"] > 0 for h in history[1:])

@@ -17,9 +17,6 @@ CPU_LIMITS = {
     "DeepseekV3ForCausalLM": "SGLang's CPU path for DeepSeek's MLA accepts only yarn rope scaling (it asserts "
                              "without), and with it disagrees with transformers by 0.22 in logprob on a tiny "
                              "DeepSeek-V3",
-    "Qwen2MoeForCausalLM": "SGLang's Qwen2-MoE applies the shared expert's sigmoid gate with a Triton kernel "
-                           "(fused_gate_sigmoid_mul_add), which has no CPU driver ('0 active drivers' in the "
-                           "scheduler at the first prefill)",
 }
 
 

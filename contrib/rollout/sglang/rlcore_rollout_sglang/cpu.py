@@ -1,27 +1,29 @@
 """The shims that let SGLang (pinned: 0.5.23) run on a CPU from PyPI packages alone, next to vLLM's CPU build.
 
 ``rlcore_rollout_sglang.pth`` (shipped at the top of site-packages) runs ``rlcore_rollout_sglang.startup`` at every
-interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the first two functions below when
-the module they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too;
+interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the first three functions below
+when the module they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too;
 ``bind_threads`` runs before an engine with more than one TP rank starts. Each names what
 it works around; ``tests/test_sglang_cpu_shims.py`` shows each is still needed, so a shim that a later SGLang (or
-torchvision) no longer needs shows up as a failing test. The third workaround is not code: ``requirements-sglang.txt``
+torchvision) no longer needs shows up as a failing test. One more workaround is not code: ``requirements-sglang.txt``
 installs SGLang with ``--no-deps`` and pins what it imports, because its declared dependencies pin a CUDA torch and
 CUDA-only kernel packages.
 """
 from __future__ import annotations
 
 import glob
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import mmap
 import os
 import sys
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
 from rlcore_rollout_sglang.startup import ENV
 
-SHIMS = ("torchvision_op_schemas", "sgl_kernel_stand_in")
+SHIMS = ("torchvision_op_schemas", "sgl_kernel_stand_in", "shared_expert_gate_in_torch")
 _keep: list[Any] = []    # the torch.library registration must stay alive
 
 
@@ -75,8 +77,61 @@ def sgl_kernel_stand_in() -> importlib.machinery.ModuleSpec | None:
     return importlib.util.spec_from_file_location("sgl_kernel", here)
 
 
+def shared_expert_gate_in_torch(name: str, path: Any) -> importlib.machinery.ModuleSpec | None:
+    """Works around: SGLang's Qwen2-MoE adds the shared expert's output, scaled by its sigmoid gate, to the routed
+    experts' output with a Triton kernel (``fused_gate_sigmoid_mul_add``, and ``fused_gate_sigmoid_mul`` out of
+    place); Triton has no CPU driver ('0 active drivers' at the first prefill), and SGLang takes a torch path only for
+    AMX, ROCm and NPU. Returns the spec of SGLang's module of those kernels (``name``) whose loader, after running it,
+    swaps the Triton launch both call for ``gate_sigmoid_mul``."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None:
+        return None
+    spec.loader = _ThenPatch(spec.loader, _gate_in_torch)
+    return spec
+
+
+def gate_sigmoid_mul(hidden_states: Any, gate_weight: Any, shared_output: Any, output: Any, *, do_add: bool) -> None:
+    """``output = sigmoid(hidden_states @ gate_weight) * shared_output (+ output if do_add)``, one gate value per token,
+    computed in fp32 and stored in ``output``'s dtype: what SGLang's ``_fused_gate_sigmoid_mul_add_kernel`` does."""
+    import torch
+
+    gate = torch.sigmoid(hidden_states.float() @ gate_weight.float()).unsqueeze(-1)
+    result = gate * shared_output.float()
+    if do_add:
+        result += output.float()
+    output.copy_(result)
+
+
+_TRITON_LAUNCH = "_launch_fused_gate_sigmoid_mul"
+
+
+def _gate_in_torch(module: ModuleType) -> None:
+    if not hasattr(module, _TRITON_LAUNCH):
+        raise ImportError(f"{module.__name__} has no {_TRITON_LAUNCH}, which rlcore's CPU shim "
+                          f"shared_expert_gate_in_torch replaces (written for SGLang 0.5.23): install "
+                          f"contrib/rollout/sglang/requirements-sglang.txt's SGLang, or update the shim")
+    setattr(module, _TRITON_LAUNCH, gate_sigmoid_mul)
+
+
+class _ThenPatch(importlib.abc.Loader):
+    """Runs a module with its own loader, then ``patch(module)`` (before any importer sees it)."""
+
+    def __init__(self, loader: Any, patch: Callable[[ModuleType], None]) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, attr: str) -> Any:     # get_source, get_filename, ... (tracebacks, inspect)
+        return getattr(self._loader, attr)
+
+
 def enable(skip: tuple[str, ...] = ()) -> None:
-    """Turn SGLang's CPU engine and the ``sgl_kernel`` stand-in on for this process and the processes it starts from
+    """Turn SGLang's CPU engine and the import hook's shims on for this process and the processes it starts from
     now on (they inherit the environment). ``skip`` leaves shims out (the tests that show each is still needed)."""
     os.environ[ENV] = "1"
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"   # else SGLang takes its CUDA path (its RoPE fallback imports vllm)

@@ -1,16 +1,18 @@
 """Run at every interpreter start by ``rlcore_rollout_sglang.pth`` (so SGLang's spawned scheduler and detokenizer
 processes run it too): puts the CPU shims' import hook (``rlcore_rollout_sglang.cpu``) first on ``sys.meta_path``.
-It imports nothing else; the hook acts only when ``torchvision`` or ``sgl_kernel`` is imported.
+It imports nothing else; the hook acts only when ``torchvision``, ``sgl_kernel`` or SGLang's elementwise Triton kernels
+(``GATE_KERNELS``) are imported.
 
 - ``torchvision``: in every process, because a CUDA-built torchvision next to the CPU torch breaks transformers'
   model imports too, not only SGLang (the shim checks that this is the case before acting);
-- ``sgl_kernel``: only in processes whose environment has ``RLCORE_SGLANG_CPU_SHIMS=1`` (the backend sets it before
-  starting SGLang on CPU).
+- ``sgl_kernel`` and ``GATE_KERNELS``: only in processes whose environment has ``RLCORE_SGLANG_CPU_SHIMS=1`` (the
+  backend sets it before starting SGLang on CPU).
 """
 import os
 import sys
 
 ENV = "RLCORE_SGLANG_CPU_SHIMS"
+GATE_KERNELS = "sglang.kernels.ops.elementwise.elementwise"
 
 
 def _skipped() -> list[str]:
@@ -18,7 +20,8 @@ def _skipped() -> list[str]:
 
 
 class CpuShimFinder:
-    """A ``sys.meta_path`` finder that never finds anything itself except the ``sgl_kernel`` stand-in."""
+    """A ``sys.meta_path`` finder that never finds anything itself except the ``sgl_kernel`` stand-in and SGLang's
+    elementwise kernels with their shared-expert gate in torch."""
 
     def __init__(self) -> None:
         self.torchvision_seen = False
@@ -31,10 +34,16 @@ class CpuShimFinder:
 
                 cpu.torchvision_op_schemas()
             return None         # the normal finders import torchvision
-        if name == "sgl_kernel" and os.environ.get(ENV) == "1" and "sgl_kernel_stand_in" not in _skipped():
+        if os.environ.get(ENV) != "1":
+            return None
+        if name == "sgl_kernel" and "sgl_kernel_stand_in" not in _skipped():
             from rlcore_rollout_sglang import cpu
 
             return cpu.sgl_kernel_stand_in()
+        if name == GATE_KERNELS and "shared_expert_gate_in_torch" not in _skipped():
+            from rlcore_rollout_sglang import cpu
+
+            return cpu.shared_expert_gate_in_torch(name, path)
         return None
 
 

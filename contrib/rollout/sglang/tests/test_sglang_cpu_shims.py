@@ -53,6 +53,26 @@ def test_sgl_kernel_stand_in_still_needed():
     assert "No module named 'sgl_kernel'" in run("import sgl_kernel", cpu_engine=False).stderr
 
 
+GATE_PROBE = """import torch
+from {module} import fused_gate_sigmoid_mul_add
+torch.manual_seed(0)
+hidden, gate_weight, shared, routed = torch.randn(5, 16), torch.randn(16), torch.randn(5, 16), torch.randn(5, 16)
+expected = torch.sigmoid(hidden @ gate_weight)[:, None] * shared + routed
+fused_gate_sigmoid_mul_add(hidden, gate_weight, shared, routed)
+print((routed - expected).abs().max().item())"""
+
+
+def test_shared_expert_gate_in_torch_still_needed():
+    """SGLang's Qwen2-MoE adds its gated shared expert with a Triton kernel, which cannot launch without a GPU; with the
+    shim the function Qwen2-MoE imports computes sigmoid(x @ gate) * shared + routed, in place."""
+    without = run(GATE_PROBE.format(module="sglang.kernels.ops.elementwise.elementwise"),
+                  skip="shared_expert_gate_in_torch")
+    assert without.returncode != 0 and "0 active drivers" in without.stderr
+    shimmed = run(GATE_PROBE.format(module="sglang.srt.models.qwen2_moe"))
+    assert shimmed.returncode == 0, shimmed.stderr[-2000:]
+    assert float(shimmed.stdout.split()[-1]) < 1e-6
+
+
 def test_binding_engine_tp_ranks_to_cores_still_needed():
     """SGLang's CPU engine asserts one TP rank per NUMA node unless each rank's cores are named (bind_threads)."""
     probe = ("from sglang.srt.utils.numa_utils import get_cpu_ids_by_node, init_threads_binding\n"
