@@ -83,6 +83,16 @@ def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrid
         cli_dry_run(load_config("qwen3-30b-a3b-8gpu", overrides), load_plugins(["qwen3", "grpo", "ppo"]))
 
 
+def test_dry_run_refuses_a_config_of_another_family_in_one_line():
+    """Qwen3-30B-A3B's config under model.family=qwen3 (the dense family): named, not a KeyError from the mapping."""
+    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model config 'qwen3-30b-a3b': it holds a Qwen3MoeForCausalLM checkpoint "
+                                          r"but model.family 'qwen3' handles Qwen3ForCausalLM"):
+        cli_dry_run(load_config("qwen3-30b-a3b-8gpu", ["model.family=qwen3"]), load_plugins(["qwen3", "grpo", "vllm"]))
+
+
 def test_dry_run_refuses_a_quantization_the_run_cannot_load(tmp_path):
     """A published DeepSeek-V3 config with its block FP8 quantization plans; the same model in GPTQ is refused."""
     import json

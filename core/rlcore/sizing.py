@@ -184,9 +184,13 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
 def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]:
     """(problems, report). No problems = the layout fits this model (model state only; see the module docstring).
     ``reference``: the algorithm keeps a frozen reference policy (``estimate``)."""
-    from rlcore.megatron.model import transformer_config
+    from rlcore.megatron.model import check_model_config, transformer_config
 
     hf, p = read_model_config(cfg), cfg.actor.parallel
+    try:        # the family handles this architecture and maps every key, as the run would check
+        check_model_config(spec, hf, cfg.actor.dtype)
+    except ValueError as e:
+        raise ConfigError(f"model config {cfg.model.path or cfg.model.hf_config!r}: {e}") from e
     config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
     problems = divisibility_problems(config, cfg)
     if not problems:
