@@ -32,6 +32,9 @@ LAYOUTS = {
     # Qwen2: the QKV bias split over TP by whole query groups, in training and in the engine
     "qwen2-tp2-rollout_tp2": ["model.family=qwen2", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
                               "rollout.tp=2"],
+    # Qwen2-MoE (gated shared expert): experts over 2 ranks, the engine at TP2; on request (the EP2 split is Qwen3-MoE's)
+    "qwen2_moe-ep2-rollout_tp2": ["model.family=qwen2_moe", *SHORT_WARM_START, "trainer.world_size=2",
+                                  "actor.parallel.ep=2", "rollout.tp=2"],
     # Llama 3.x (llama3-scaled RoPE) at TP2 on both sides: on request (nothing in it is split differently from Qwen3)
     "llama-tp2-rollout_tp2": ["model.family=llama", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
                               "rollout.tp=2"],
@@ -81,7 +84,7 @@ def assert_replicas_agree(prints):
 # plain TP2 and PP2 run with SGLang generating (test_sglang_layouts.py); vLLM runs their variants: SP, collectives,
 # rollout TP2, uneven stages
 # on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time
-VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2"]
+VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2"]
 VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"} - set(VLLM_ON_REQUEST))
 ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 

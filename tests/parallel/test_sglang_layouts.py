@@ -22,7 +22,7 @@ EVERY_RUN = ["tp2-rollout_tp2", "pp2", "moe-ep2"]
 # the rest of the vLLM layouts that run on CPU, on request (RLCORE_ALL_LAYOUTS=1): ~1.5 min each, and their
 # resharded stream is the one the vLLM layouts check
 ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
-              "qwen2-tp2-rollout_tp2", "llama-tp2-rollout_tp2"]
+              "qwen2-tp2-rollout_tp2", "llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2"]
 ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
