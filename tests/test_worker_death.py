@@ -50,7 +50,7 @@ def test_a_killed_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache)
                         rf"\S+\) died during (\w+): its process was killed \(Ray: SYSTEM_ERROR, .*\); resume it from "
                         rf"its step {EVERY} checkpoint with: rlcore run --resume {run_dir}", last)
     assert line, err[-3000:]
-    assert line[2] in {"generate", "rollout_mode", "train_mode", "logprobs", "train_step", "compare_logprobs",
-                       "save_checkpoint", "finish_checkpoint"}, last
+    assert line[2] in {"episodes", "rollout_mode", "train_mode", "logprobs", "train_step", "compare_logprobs",
+                       "save_checkpoint", "finish_checkpoint"}, last      # episodes: generating (training or eval)
     assert "Traceback" not in err and "ActorDiedError" not in err, err[-3000:]
     assert gone(workers[0], within=30), "the other worker outlived the run"
