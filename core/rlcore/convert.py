@@ -148,6 +148,34 @@ class FusedGateUp:
         return [(_shard(hf[0], 0, tp_rank, tp_size), gate), (_shard(hf[1], 0, tp_rank, tp_size), up)]
 
 
+# Where a Llama-shaped decoder's tensors sit, on each side: layer-templated prefixes for the rule builders below
+MEGATRON_LAYER, HF_LAYER = "decoder.layers.{layer}", "model.layers.{layer}"
+
+
+def gated_mlp_rules(megatron: str, hf: str) -> list:
+    """A SwiGLU MLP (gate/up fused in Megatron's linear_fc1, down as linear_fc2) under the given prefixes."""
+    return [FusedGateUp(f"{megatron}.linear_fc1.weight", f"{hf}.gate_proj.weight", f"{hf}.up_proj.weight"),
+            Rename(f"{megatron}.linear_fc2.weight", f"{hf}.down_proj.weight", tp_dim=1)]
+
+
+def llama_style_rules(mlp: list, qkv_bias: bool, tied: bool) -> list:
+    """The rules of a Llama-shaped decoder (embedding, RMSNorms, fused QKV with its bias if any, o_proj, the given
+    MLP rules, final norm, lm_head unless tied), which Llama and Qwen2 share with each other and their MoE kin."""
+    M, L = MEGATRON_LAYER, HF_LAYER
+    qkv = [FusedQKV(f"{M}.self_attention.linear_qkv.{p}", *(f"{L}.self_attn.{n}_proj.{p}" for n in "qkv"))
+           for p in (("weight", "bias") if qkv_bias else ("weight",))]
+    rules = [Rename("embedding.word_embeddings.weight", "model.embed_tokens.weight", tp_dim=0, vocab=True),
+             Rename(f"{M}.input_layernorm.weight", f"{L}.input_layernorm.weight"),
+             *qkv,
+             Rename(f"{M}.self_attention.linear_proj.weight", f"{L}.self_attn.o_proj.weight", tp_dim=1),
+             Rename(f"{M}.pre_mlp_layernorm.weight", f"{L}.post_attention_layernorm.weight"),
+             *mlp,
+             Rename("decoder.final_layernorm.weight", "model.norm.weight")]
+    if not tied:
+        rules.append(Rename("output_layer.weight", "lm_head.weight", tp_dim=0, vocab=True))
+    return rules
+
+
 class WeightConverter:
     """Rules bound to one model: concrete Megatron name -> rule, built once. Rule names may hold ``{layer}``
     (decoder layer, counted over the whole model) and ``{expert}`` (MoE expert, counted over all experts)."""

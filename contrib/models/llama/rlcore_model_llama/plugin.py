@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from rlcore.convert import FusedGateUp, FusedQKV, Rename
+from rlcore.convert import HF_LAYER, MEGATRON_LAYER, gated_mlp_rules, llama_style_rules
 from rlcore.hf_config import require_silu, unsupported
 from rlcore.hookspecs import hookimpl
 from rlcore.specs import ModelSpec
@@ -64,21 +64,8 @@ def gpt_kwargs(hf: dict) -> dict:
 
 
 def weight_rules(config, hf: dict) -> list:
-    L, M = "model.layers.{layer}", "decoder.layers.{layer}"
-    rules = [
-        Rename("embedding.word_embeddings.weight", "model.embed_tokens.weight", tp_dim=0, vocab=True),
-        Rename(f"{M}.input_layernorm.weight", f"{L}.input_layernorm.weight"),
-        FusedQKV(f"{M}.self_attention.linear_qkv.weight", f"{L}.self_attn.q_proj.weight",
-                 f"{L}.self_attn.k_proj.weight", f"{L}.self_attn.v_proj.weight"),
-        Rename(f"{M}.self_attention.linear_proj.weight", f"{L}.self_attn.o_proj.weight", tp_dim=1),
-        Rename(f"{M}.pre_mlp_layernorm.weight", f"{L}.post_attention_layernorm.weight"),
-        FusedGateUp(f"{M}.mlp.linear_fc1.weight", f"{L}.mlp.gate_proj.weight", f"{L}.mlp.up_proj.weight"),
-        Rename(f"{M}.mlp.linear_fc2.weight", f"{L}.mlp.down_proj.weight", tp_dim=1),
-        Rename("decoder.final_layernorm.weight", "model.norm.weight"),
-    ]
-    if not hf["tie_word_embeddings"]:
-        rules.append(Rename("output_layer.weight", "lm_head.weight", tp_dim=0, vocab=True))
-    return rules
+    return llama_style_rules(gated_mlp_rules(f"{MEGATRON_LAYER}.mlp", f"{HF_LAYER}.mlp"), qkv_bias=False,
+                             tied=hf["tie_word_embeddings"])
 
 
 def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,

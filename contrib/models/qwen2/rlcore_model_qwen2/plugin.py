@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from rlcore.convert import FusedGateUp, FusedQKV, Rename
+from rlcore.convert import HF_LAYER, MEGATRON_LAYER, Rename, gated_mlp_rules, llama_style_rules
 from rlcore.errors import ConfigError
 from rlcore.hf_config import plain_rope_theta, require_silu, unsupported
 from rlcore.hookspecs import hookimpl
@@ -79,35 +79,16 @@ def gpt_kwargs(hf: dict) -> dict:
                 share_embeddings_and_output_weights=bool(hf["tie_word_embeddings"]))
 
 
-def _gated_mlp(megatron: str, hf: str) -> list:
-    return [FusedGateUp(f"{megatron}.linear_fc1.weight", f"{hf}.gate_proj.weight", f"{hf}.up_proj.weight"),
-            Rename(f"{megatron}.linear_fc2.weight", f"{hf}.down_proj.weight", tp_dim=1)]
-
-
 def weight_rules(config, hf: dict) -> list:
-    L, M = "model.layers.{layer}", "decoder.layers.{layer}"
+    M, L = MEGATRON_LAYER, HF_LAYER
     if config.num_moe_experts:
         mlp = [Rename(f"{M}.mlp.router.weight", f"{L}.mlp.gate.weight"),
-               *_gated_mlp(f"{M}.mlp.experts.local_experts.{{expert}}", f"{L}.mlp.experts.{{expert}}"),
-               *_gated_mlp(f"{M}.mlp.shared_experts", f"{L}.mlp.shared_expert"),
+               *gated_mlp_rules(f"{M}.mlp.experts.local_experts.{{expert}}", f"{L}.mlp.experts.{{expert}}"),
+               *gated_mlp_rules(f"{M}.mlp.shared_experts", f"{L}.mlp.shared_expert"),
                Rename(f"{M}.mlp.shared_experts.gate_weight", f"{L}.mlp.shared_expert_gate.weight")]
     else:
-        mlp = _gated_mlp(f"{M}.mlp", f"{L}.mlp")
-    attention = [f"{M}.self_attention.linear_qkv", f"{L}.self_attn"]
-    qkv = [FusedQKV(f"{attention[0]}.{p}", *(f"{attention[1]}.{n}_proj.{p}" for n in "qkv"))
-           for p in (("weight", "bias") if config.add_qkv_bias else ("weight",))]
-    rules = [
-        Rename("embedding.word_embeddings.weight", "model.embed_tokens.weight", tp_dim=0, vocab=True),
-        Rename(f"{M}.input_layernorm.weight", f"{L}.input_layernorm.weight"),
-        *qkv,
-        Rename(f"{M}.self_attention.linear_proj.weight", f"{L}.self_attn.o_proj.weight", tp_dim=1),
-        Rename(f"{M}.pre_mlp_layernorm.weight", f"{L}.post_attention_layernorm.weight"),
-        *mlp,
-        Rename("decoder.final_layernorm.weight", "model.norm.weight"),
-    ]
-    if not hf["tie_word_embeddings"]:
-        rules.append(Rename("output_layer.weight", "lm_head.weight", tp_dim=0, vocab=True))
-    return rules
+        mlp = gated_mlp_rules(f"{M}.mlp", f"{L}.mlp")
+    return llama_style_rules(mlp, qkv_bias=config.add_qkv_bias, tied=hf["tie_word_embeddings"])
 
 
 def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
