@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from rlcore.specs import (AgentSpec, Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec,
-                              TaskSpec)
+    from rlcore.specs import (AgentSpec, Algorithm, EnvironmentSpec, Logger, ModelSpec, OptimizerSpec, RewardSpec,
+                              RolloutBackendSpec, TaskSpec, ToolParserSpec)
 
 PROJECT = "rlcore"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -41,6 +41,16 @@ def rlcore_rollout_backends() -> list[RolloutBackendSpec]:
 @hookspec
 def rlcore_agents() -> list[AgentSpec]:
     """Agents: how an episode uses the engine (``single_turn`` is built in; multi-turn, tools, environments)."""
+
+
+@hookspec
+def rlcore_environments() -> list[EnvironmentSpec]:
+    """Environments for the ``tools`` agent: a class per episode whose documented methods are tools."""
+
+
+@hookspec
+def rlcore_tool_parsers() -> list[ToolParserSpec]:
+    """How tool calls are written in a model's output (``hermes``, Qwen's ``<tool_call>{json}</tool_call>``, built in)."""
 
 
 @hookspec

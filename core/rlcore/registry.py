@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcore.errors import PluginError
-from rlcore.specs import AgentSpec, Algorithm, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+from rlcore.specs import (AgentSpec, Algorithm, EnvironmentSpec, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec,
+                          TaskSpec, ToolParserSpec)
 
 # registry attribute -> registration hook
 KINDS = {
@@ -13,6 +14,8 @@ KINDS = {
     "algorithms": "rlcore_algorithms",
     "rollout_backends": "rlcore_rollout_backends",
     "agents": "rlcore_agents",
+    "environments": "rlcore_environments",
+    "tool_parsers": "rlcore_tool_parsers",
     "optimizers": "rlcore_optimizers",
     "rewards": "rlcore_rewards",
     "tasks": "rlcore_tasks",
@@ -26,6 +29,8 @@ class Registry:
     algorithms: dict[str, Algorithm] = field(default_factory=dict)
     rollout_backends: dict[str, RolloutBackendSpec] = field(default_factory=dict)
     agents: dict[str, AgentSpec] = field(default_factory=dict)
+    environments: dict[str, EnvironmentSpec] = field(default_factory=dict)
+    tool_parsers: dict[str, ToolParserSpec] = field(default_factory=dict)
     optimizers: dict[str, OptimizerSpec] = field(default_factory=dict)
     rewards: dict[str, RewardSpec] = field(default_factory=dict)
     tasks: dict[str, TaskSpec] = field(default_factory=dict)

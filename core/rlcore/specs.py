@@ -148,9 +148,29 @@ class Agent(abc.ABC):
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """build(model_path) -> Agent (``model_path`` holds the tokenizer and chat template an agent may need)."""
+    """build(model_path, cfg, registry) -> Agent (``model_path`` holds the tokenizer and chat template an agent may
+    need; ``cfg`` is the run's config, ``registry`` what the plugins registered, e.g. its environments)."""
     name: str
-    build: Callable[[str], Agent]
+    build: Callable[[str, Any, Any], Agent]
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """An environment a tool-using agent talks to. ``make(options)`` returns a fresh environment for one episode
+    (``options``: the run's ``agent.options``): an object with ``reset(**row) -> str | None`` (the episode's task
+    row; an optional first observation) whose public, type-hinted, documented methods are its tools, and optionally
+    ``reward() -> float | dict[str, float]`` (read when the episode ends, for the ``environment`` reward)."""
+    name: str
+    make: Callable[[dict], Any]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ToolParserSpec:
+    """How tool calls are written in a model's output. ``parse(text) -> list[ToolCall]`` (``rlcore.multiturn.tools``):
+    every call in one assistant turn, a malformed one as a ``ToolCall`` with ``error`` set (never an exception)."""
+    name: str
+    parse: Callable[[str], list]
 
 
 @dataclass(frozen=True)

@@ -13,4 +13,4 @@ class SingleTurn(Agent):
                                       finish=done.finish_reason, metadata=metadata)
 
 
-SINGLE_TURN = AgentSpec("single_turn", lambda model_path: SingleTurn())
+SINGLE_TURN = AgentSpec("single_turn", lambda model_path, cfg, registry: SingleTurn())

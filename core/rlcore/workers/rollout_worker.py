@@ -59,7 +59,7 @@ class RolloutWorker:
             seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=False,
             **({"load_weights": False} if self.engine_dir else {}))
         self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
-        self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path)
+        self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path, cfg, registry)
         self.stats_read = time.perf_counter()
         started = []
         for child in psutil.Process().children(recursive=True):

@@ -267,7 +267,7 @@ class ActorRolloutWorker(ActorWorker):
             weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=self.hf_config["max_position_embeddings"], distributed=world_size > 1,
             **({"load_weights": False} if weightless else {}))
-        self.agent = self.registry.get("agents", cfg.rollout.agent).build(model_path)
+        self.agent = self.registry.get("agents", cfg.rollout.agent).build(model_path, cfg, self.registry)
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
 
     # --- rollout -------------------------------------------------------------------------------------------------
