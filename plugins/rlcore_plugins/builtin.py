@@ -1,5 +1,6 @@
 """The built-in plugin: always loaded, whatever --plugins selects."""
 from rlcore.hookspecs import hookimpl
+from rlcore.multiturn.tools import HERMES
 from rlcore.rollout.agents import SINGLE_TURN
 from rlcore_plugins import loggers, optimizers, rewards, trackers
 from rlcore_plugins.tasks import arithmetic, dataset
@@ -13,6 +14,11 @@ def rlcore_optimizers():
 @hookimpl
 def rlcore_agents():
     return [SINGLE_TURN]
+
+
+@hookimpl
+def rlcore_tool_parsers():
+    return [HERMES]
 
 
 @hookimpl
