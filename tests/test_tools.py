@@ -10,7 +10,7 @@ import pytest
 from rlcore.errors import ConfigError, PluginError
 from rlcore.multiturn.tools import (HERMES, Tool, ToolCall, content_before_calls, environment_tools, hermes_calls,
                                     tool_result_text)
-from rlcore.multiturn.verl_tools import (ToolKwargs, VerlToolEnvironment, read_verl_tool_config,
+from rlcore.multiturn.verl_tools import (VERL_TOOLS, ToolKwargs, VerlToolEnvironment, read_verl_tool_config,
                                          split_tools_kwargs)
 
 
@@ -340,6 +340,21 @@ def test_a_verl_row_runs_through_an_episode_of_its_tools(tool_config):
     assert env.reward() == {"grade_answer": 2.0}
     env.close()
     assert grader.instances == {}
+
+
+def test_the_verl_tools_environment_reads_its_config_once_and_makes_a_fresh_episode_each_time(tool_config):
+    options = {"tool_config_path": tool_config(CONFIG)}
+    first, second = VERL_TOOLS.make(options), VERL_TOOLS.make(options)
+    assert first is not second and first._verl["grade_answer"] is second._verl["grade_answer"]
+    first.reset(tools_kwargs={"grade_answer": {"create_kwargs": {"ground_truth": "1"}}})
+    second.reset(tools_kwargs={"grade_answer": {"create_kwargs": {"ground_truth": "2"}}})
+    asyncio.run(environment_tools(second)["grade_answer"].call(answer="2"))
+    assert (first.reward(), second.reward()) == ({"grade_answer": 0.0}, {"grade_answer": 1.0})
+    first.close(), second.close()
+    with pytest.raises(ConfigError, match=r"^agent.options.path is not read by the verl_tools environment"):
+        VERL_TOOLS.make({"path": "x.yaml"})
+    with pytest.raises(ConfigError, match=r"^agent.environment=verl_tools needs agent.options.tool_config_path"):
+        VERL_TOOLS.make({})
 
 
 def test_a_tool_call_timed_out_by_the_agent_is_cancelled_in_the_tools_loop(tool_config):

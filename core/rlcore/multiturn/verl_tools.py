@@ -25,6 +25,7 @@ import yaml
 
 from rlcore.errors import ConfigError
 from rlcore.multiturn.tools import Tool
+from rlcore.specs import EnvironmentSpec
 
 TOOL_KEYS = ("class_name", "config", "tool_schema")
 TOOLS_KWARGS_KEYS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")
@@ -307,3 +308,28 @@ class VerlToolEnvironment:
 def _takes(method: Callable, keyword: str) -> bool:
     parameters = inspect.signature(method).parameters.values()
     return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+_CONFIGS: dict[str, list[VerlFunctionTool]] = {}
+
+
+def make_verl_environment(options: dict) -> VerlToolEnvironment:
+    """A fresh episode over the tools of ``agent.options.tool_config_path`` (verl's
+    ``actor_rollout_ref.rollout.multi_turn.tool_config_path``). The file is read, and its tools made, once per
+    process: as in verl, every episode shares the tool objects and keeps its state under its own instance ids."""
+    for key in options:
+        if key != "tool_config_path":
+            raise ConfigError(f"agent.options.{key} is not read by the verl_tools environment (it reads "
+                              f"tool_config_path)")
+    if not options.get("tool_config_path"):
+        raise ConfigError("agent.environment=verl_tools needs agent.options.tool_config_path: verl's tool-config "
+                          "YAML (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
+    path = str(options["tool_config_path"])
+    if path not in _CONFIGS:
+        _CONFIGS[path] = read_verl_tool_config(path)
+    return VerlToolEnvironment(_CONFIGS[path])
+
+
+VERL_TOOLS = EnvironmentSpec("verl_tools", make_verl_environment,
+                             "the function tools of a verl tool-config YAML (agent.options.tool_config_path), "
+                             "with each row's extra_info.tools_kwargs")
