@@ -142,8 +142,8 @@ class Conversation:
 
 def random_conversations(chat: ChatTokens, count: int, seed: int) -> list[Conversation]:
     """``count`` conversations from ``seed``: 1-4 sampled turns, tool calls with JSON arguments, tool results with
-    newlines and unicode, an occasional user turn, empty contents, thinking where the template has it, cut turns and
-    non-canonical tokenizations."""
+    newlines and unicode, an occasional user turn (now and then after a system message), empty contents, thinking
+    where the template has it, cut turns and non-canonical tokenizations."""
     rng = random.Random(seed)
     content_with_calls = _renders_content_with_calls(chat)
     return [_conversation(chat, rng, content_with_calls) for _ in range(count)]
@@ -187,6 +187,8 @@ def _conversation(chat: ChatTokens, rng: random.Random, content_with_calls: bool
                 observed = [{"role": "tool", "name": c["function"]["name"], "content": _tool_result(rng)}
                             for c in message["tool_calls"]]
             if not observed or rng.random() < 0.15:
+                if rng.random() < 0.1:      # a template may not write it in place (DeepSeek-V3): a split
+                    observed.append({"role": "system", "content": _text(rng, 0.0)})
                 observed.append({"role": "user", "content": _text(rng)})
         turns.append(Turn(message, body, [-rng.random() * 5 for _ in body], cut, canonical, observed))
     return Conversation(messages, tools, turns)
