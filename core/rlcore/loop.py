@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from rlcore import checkpoint
 from rlcore.evaluation import evaluate
+from rlcore.multiturn.metrics import agent_metrics
 from rlcore.rewards import Scores
 from rlcore.trajectory import Trajectory, to_batch
 
@@ -47,6 +48,7 @@ def step(run: "Run", number: int) -> dict[str, float]:
         run.plugins.hook.rlcore_rollout_end(step=number, batch=batch)
         metrics.update(run.learner.update(batch, number, timer))
         metrics.update(length_metrics(trajectories, batch))
+        metrics.update(agent_metrics(trajectories))
     run.source.weights_updated(run.learner.version, number, timer, metrics)
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     return metrics

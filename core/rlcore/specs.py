@@ -140,10 +140,12 @@ class Agent(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, prompt: list[int], metadata: dict, engine: RolloutBackend, sampling: Sampling,
-                  seed: int | None, request_id: str) -> "Trajectory":
+                  seed: int | None, request_id: str) -> "Trajectory | list[Trajectory]":
         """One episode from ``prompt`` (its task row's ``metadata`` at hand), every request to ``engine`` with
         ``sampling``; ``seed`` and ``request_id`` are this episode's (an agent making several requests derives
-        their ids from ``request_id``). The trajectory's ``version`` spans the versions its completions report."""
+        their ids from ``request_id``). The trajectory's ``version`` spans the versions its completions report.
+        An episode that cannot be one token sequence (a chat template that does not extend exactly) is several
+        trajectories, in order: each trains in the episode's group with the episode's reward."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ class Trajectory:
     reward: float = 0.0              # the training reward (a failed reward filled in neutrally, see rewards.py)
     failed: bool = False             # the reward failed: trained on nothing
     metadata: dict = field(default_factory=dict)
+    continues: bool = False          # a later sample of the previous trajectory's episode (an agent split it): scored
+                                     # as one episode with it, each sample trained with the episode's reward
 
     def __post_init__(self):
         if not len(self.tokens) == len(self.loss_mask) == len(self.logprobs):
@@ -48,6 +50,25 @@ class Trajectory:
     def response_len(self) -> int:
         """Tokens from the first sampled one on (observations between turns included)."""
         return len(self.tokens) - self.prompt_len
+
+
+def episode_samples(result: "Trajectory | list[Trajectory]") -> list[Trajectory]:
+    """What an agent's ``run`` returned as the episode's training samples, the later ones marked ``continues``."""
+    samples = result if isinstance(result, list) else [result]
+    for later in samples[1:]:
+        later.continues = True
+    return samples
+
+
+def episodes_of(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """Trajectories in sample order grouped into their episodes (a split episode's samples are consecutive)."""
+    out: list[list[Trajectory]] = []
+    for t in trajectories:
+        if t.continues and out:
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
 
 
 def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:

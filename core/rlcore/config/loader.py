@@ -104,6 +104,10 @@ def _drop_options_of_another_task(base: DictConfig, given: DictConfig) -> None:
 
 _RULES = [  # (key, predicate, what is allowed)
     ("run.seed", lambda v: v >= 0, "an integer >= 0"),
+    ("agent.max_turns", lambda v: v >= 1, "an integer >= 1"),
+    ("agent.max_tool_response_tokens", lambda v: v >= 2, "an integer >= 2 (a result is cut to its head and tail)"),
+    ("agent.max_parallel_calls", lambda v: v >= 1, "an integer >= 1"),
+    ("agent.tool_timeout_s", lambda v: v > 0, "a number of seconds > 0"),
     *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic") for key, ok, allowed in [
         ("micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("max_tokens_per_micro_batch", lambda v: v >= 0, "an integer >= 0 (0 = micro_batch_size rows each)"),

@@ -9,7 +9,7 @@ import asyncio
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 from rlcore.specs import Agent, Completion, RolloutBackend, Sampling
-from rlcore.trajectory import Trajectory
+from rlcore.trajectory import Trajectory, episode_samples
 
 T = TypeVar("T")
 
@@ -45,6 +45,8 @@ def sample(engine: RolloutBackend, prompts: Sequence[list[int]], n: int, samplin
 
 def episodes(agent: Agent, engine: RolloutBackend, prompts: Sequence[list[int]], metadata: Sequence[dict], n: int,
              sampling: Sampling, seeds: Sequence[int] | None = None, tag: str = "episode") -> list[list[Trajectory]]:
-    """``n`` episodes of ``agent`` from every prompt (with its row's metadata), in prompt order."""
-    return _all_at_once(prompts, n, seeds, tag, lambda i, prompt, seed, rid: agent.run(prompt, metadata[i], engine,
-                                                                                       sampling, seed, rid))
+    """``n`` episodes of ``agent`` from every prompt (with its row's metadata), in prompt order: each prompt's
+    group holds its episodes' samples (one each, unless an agent split an episode)."""
+    groups = _all_at_once(prompts, n, seeds, tag, lambda i, prompt, seed, rid: agent.run(prompt, metadata[i], engine,
+                                                                                         sampling, seed, rid))
+    return [[t for result in group for t in episode_samples(result)] for group in groups]

@@ -14,7 +14,7 @@ from rlcore.config import Config
 from rlcore.errors import RlcoreError
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
 from rlcore.specs import Sampling, Task
-from rlcore.trajectory import Trajectory
+from rlcore.trajectory import Trajectory, episodes_of
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,19 @@ class Source(abc.ABC):
         return scores
 
     def scored(self, groups: list[list[Trajectory]], timer=None) -> Scores:
-        """Score the groups' trajectories, setting each one's group (its index here), reward (a failed one: its
-        group's neutral fill) and failure; returns the scores in order."""
+        """Score the groups' episodes (the responses of a split episode's samples read as one), setting each
+        trajectory's group (its index here), reward (a failed one: its group's neutral fill) and failure; returns
+        the episodes' scores in order."""
         timer = timer or (lambda phase: contextlib.nullcontext())
-        flat = [t for group in groups for t in group]
+        episodes = [(g, episode) for g, group in enumerate(groups) for episode in episodes_of(group)]
         with timer("reward"):
-            scores = self.score([self.decode(t.tokens[t.prompt_len:]) for t in flat], [t.metadata for t in flat])
-        group_ids = torch.tensor([g for g, group in enumerate(groups) for _ in group])
+            scores = self.score(["".join(self.decode(t.tokens[t.prompt_len:]) for t in episode)
+                                 for _, episode in episodes], [episode[0].metadata for _, episode in episodes])
+        group_ids = torch.tensor([g for g, _ in episodes])
         rewards = neutral_fill(scores.total, scores.failed, group_ids).float()
-        for row, t in enumerate(flat):
-            t.group, t.reward, t.failed = int(group_ids[row]), float(rewards[row]), bool(scores.failed[row])
+        for row, (g, episode) in enumerate(episodes):
+            for t in episode:
+                t.group, t.reward, t.failed = g, float(rewards[row]), bool(scores.failed[row])
         return scores
 
     def groups(self, prompts: list[tuple[str, dict]], n: int, temperature: float, seeds: list[int],

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from rlcore.config import Config
 from rlcore.specs import Sampling
-from rlcore.trajectory import Trajectory
+from rlcore.trajectory import Trajectory, episode_samples
 
 if TYPE_CHECKING:
     from rlcore.weight_sync.push import WeightPushReceiver
@@ -78,9 +78,10 @@ class RolloutWorker:
 
     async def _group(self, prompt: list[int], metadata: dict, n: int, sampling: Sampling, seed: int | None,
                      tag: str) -> list[Trajectory]:
-        return list(await asyncio.gather(*(self.agent.run(prompt, metadata, self.engine, sampling,
-                                                          None if seed is None else seed + j, f"{tag}-{j}")
-                                           for j in range(n))))
+        results = await asyncio.gather(*(self.agent.run(prompt, metadata, self.engine, sampling,
+                                                        None if seed is None else seed + j, f"{tag}-{j}")
+                                         for j in range(n)))
+        return [t for result in results for t in episode_samples(result)]
 
     async def stream_groups(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                             seeds: list[int], tag: str) -> AsyncIterator[tuple[int, list[Trajectory] | None]]:
