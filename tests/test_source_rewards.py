@@ -61,7 +61,8 @@ def test_a_source_without_a_reward_names_the_sources_and_the_rewards():
         build_rewards(task_section(), "", {"openai/gsm8k": 7473, "my_set": 12}, registry())
     assert str(e.value) == (
         "no reward for data_source 'my_set'. Sources found: my_set (12 rows), openai/gsm8k (7473 rows). Rewards "
-        "registered (with the sources they score): exact_match (rlcore/addition), gsm8k (openai/gsm8k), math ("
+        "registered (with the sources they score): environment, exact_match (rlcore/addition), final_answer, gsm8k "
+            "(openai/gsm8k), math ("
         "lighteval/MATH, "
         "DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500). Map it with task.source_rewards={my_set: "
         "<reward>}, or score every row with task.reward=<reward>")

@@ -12,6 +12,12 @@ def exact_match(responses: list[str], metadata: list[dict]) -> list[float]:
     return [float(r.strip() == str(m["answer"])) for r, m in zip(responses, metadata)]
 
 
+def final_answer(responses: list[str], metadata: list[dict]) -> list[float]:
+    """1.0 when the episode's last turn (``metadata['final_response']``, kept by the tools agent; the response
+    itself otherwise), stripped of surrounding whitespace, equals ``metadata['answer']``."""
+    return [float(m.get("final_response", r).strip() == str(m["answer"])) for r, m in zip(responses, metadata)]
+
+
 # the number after '####', ending at a boundary: not followed by a letter or digit, nor by '.' or ',' and one
 # ('#### 1.2.3' is no answer rather than 1.2; '#### 72.' ending a sentence is 72)
 _GSM8K_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)(?![.,]?\w)")
@@ -52,8 +58,21 @@ def math(responses: list[str], metadata: list[dict]) -> list[float]:
     return scores
 
 
+def environment(responses: list[str], metadata: list[dict]) -> list[float] | dict[str, list[float]]:
+    """What the episode's environment said when it ended (its ``reward()``, kept by the tools agent): a number, or
+    named components that add up to it (each logged)."""
+    if any("environment_reward" not in m for m in metadata):
+        raise ValueError("no environment reward in the sample's metadata: the environment needs a reward() method "
+                         "and the run rollout.agent=tools")
+    values = [m["environment_reward"] for m in metadata]
+    if all(isinstance(v, dict) for v in values):
+        return {name: [float(v[name]) for v in values] for name in values[0]}
+    return [float(v) for v in values]
+
+
 # the data sources verl's datasets name, scored by these rewards unless the run maps them otherwise
 SPECS = [RewardSpec("exact_match", exact_match, data_sources=("rlcore/addition",)),   # `rlcore dataset task addition`
          RewardSpec("gsm8k", gsm8k, data_sources=("openai/gsm8k",)),
          RewardSpec("math", math, data_sources=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
-                                                "HuggingFaceH4/MATH-500"))]
+                                                "HuggingFaceH4/MATH-500")),
+         RewardSpec("final_answer", final_answer), RewardSpec("environment", environment)]

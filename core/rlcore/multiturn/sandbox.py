@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
+from rlcore.specs import EnvironmentSpec
+
 log = logging.getLogger(__name__)
 
 # uids leased to sandboxed code when rlcore is root: one per call in flight, held by an flock on a file per uid.
@@ -464,3 +466,13 @@ def _interpreters() -> list[str]:
     found = [sys.executable] + [shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
                                 for name in (f"python{sys.version_info[0]}.{sys.version_info[1]}", "python3")]
     return list(dict.fromkeys(p for p in found if p))
+
+
+def _make_python_environment(options: dict) -> PythonEnvironment:
+    from rlcore.config import bind_plugin_section
+
+    return PythonEnvironment(bind_plugin_section("agent.options", options, Limits))
+
+
+PYTHON = EnvironmentSpec("python", _make_python_environment,
+                         "a python(code) tool, run in the sandbox; agent.options are its Limits")
