@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
@@ -42,13 +42,16 @@ class VLLMRollout(RolloutBackend):
             from rlcore_rollout_vllm.cpu_shm_names import run_scoped_shm_names
 
             run_scoped_shm_names()
+        # on CPU a seeded request whose prefill is split over engine steps fails (vLLM 0.32 rewinds the request's
+        # generator, which a CPU generator cannot; many multi-turn requests at once split them): prefills run whole
+        options: dict[str, Any] = {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
+        if distributed:
+            options.update(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
         self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
                        kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
                        logprobs_mode="processed_logprobs",  # after temperature: the policy actually sampled
-                       load_format="auto" if load_weights else "dummy",
-                       **(dict(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
-                          if distributed else {}))
+                       load_format="auto" if load_weights else "dummy", **options)
         self.seed = seed
         self._in_flight = InFlight()
         if not torch.cuda.is_available():
