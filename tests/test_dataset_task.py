@@ -38,7 +38,8 @@ def test_prompts_are_rendered_sampled_per_epoch_and_carry_the_ground_truth(tmp_p
     assert epoch == {"3", "4", "5", "6", "7"}                               # one epoch: every prompt once
     text, meta = task.eval_prompts()[0]
     assert text == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
-    assert meta == {"answer": "5", "data_source": "addition", "extra_info": {"index": 0}}
+    assert meta == {"answer": "5", "data_source": "addition", "extra_info": {"index": 0},
+                    "messages": [{"role": "user", "content": "What is 2+3?"}]}
 
 
 def test_sources_are_counted_and_the_sampler_position_resumes_the_prompt_sequence(tmp_path, chat_tokenizer):

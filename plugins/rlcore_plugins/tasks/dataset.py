@@ -1,7 +1,8 @@
 """The `dataset` task: prompts from files (verl's Parquet schema as is, or JSONL / JSON / Parquet through a column
 mapping), rendered with the checkpoint's chat template once the tokenizer is known, overlong prompts counted and left
 out. Each sample's metadata holds ``answer`` (the ground truth), ``data_source`` and ``extra_info`` for the reward;
-unless a reward is configured, each row is scored by the reward registered for its ``data_source``."""
+``messages`` the prompt as chat messages (for the tools agent, which renders them with its tools); unless a reward is
+configured, each row is scored by the reward registered for its ``data_source``."""
 from __future__ import annotations
 
 import sys
@@ -67,7 +68,8 @@ class Dataset(Task):
     @staticmethod
     def _example(prompt: RenderedPrompt) -> tuple[str, dict]:
         r = prompt.record
-        return prompt.text, {"answer": r.answer, "data_source": r.source, "extra_info": r.extra}
+        messages = [{"role": "user", "content": r.prompt}] if isinstance(r.prompt, str) else list(r.prompt)
+        return prompt.text, {"answer": r.answer, "data_source": r.source, "extra_info": r.extra, "messages": messages}
 
     def train_prompts(self, step, count):
         if self.sampler is None:
