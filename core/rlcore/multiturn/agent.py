@@ -13,12 +13,14 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlcore.errors import ConfigError
+from rlcore.errors import ConfigError, RlcoreError
 from rlcore.multiturn.chat import ChatTokens, Transcript
 from rlcore.multiturn.tools import Tool, ToolCall, content_before_calls, environment_tools, tool_result_text
 from rlcore.specs import Agent, AgentSpec, RolloutBackend, Sampling
@@ -50,8 +52,9 @@ class ToolAgent(Agent):
     """One environment per episode (``make_env``); its documented methods are the tools the chat template offers."""
 
     def __init__(self, tokenizer, chat: ChatTokens, make_env: Callable[[], Any], parse: Callable[[str], list[ToolCall]],
-                 cfg):
+                 cfg, max_len: int):
         self.tokenizer, self.chat, self.make_env, self.parse, self.cfg = tokenizer, chat, make_env, parse, cfg
+        self.max_len = max_len          # the model's context: an episode's prompt and every token after it
         self.pool = concurrent.futures.ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rlcore-tool")
 
     async def run(self, prompt: list[int], metadata: dict, engine: RolloutBackend, sampling: Sampling,
@@ -64,7 +67,7 @@ class ToolAgent(Agent):
         if first:
             messages.append({"role": "user", "content": first})
         stats = EpisodeStats()
-        samples = [Transcript(self.chat.prompt(messages, schemas))]
+        samples = [Transcript(self._first_prompt(messages, schemas, sampling.max_tokens))]
         budget, finish, versions = sampling.max_tokens, "stop", [engine.version, engine.version]
         for turn in range(self.cfg.max_turns):
             done = await engine.generate(samples[-1].tokens, dataclasses.replace(sampling, max_tokens=budget),
@@ -100,6 +103,15 @@ class ToolAgent(Agent):
             env.close()
         return [s.trajectory(version=(versions[0], versions[1]), finish=finish, metadata={**metadata, **extra})
                 for s in samples]
+
+    def _first_prompt(self, messages: list[dict], schemas: list[dict] | None, budget: int) -> list[int]:
+        ids = self.chat.prompt(messages, schemas)
+        if len(ids) + budget > self.max_len:
+            raise RlcoreError(f"the tools agent's prompt has {len(ids)} tokens (the task's messages with "
+                              f"{len(schemas or [])} tool schema(s)); with rollout.max_response_len {budget} it "
+                              f"exceeds the model's context {self.max_len}. Shorten the prompts or the tools' "
+                              f"docstrings, or lower rollout.max_response_len")
+        return ids
 
     async def _call_all(self, calls: list[ToolCall], tools: dict[str, Tool], stats: EpisodeStats) -> list[str]:
         """Each call's result text, at most agent.max_parallel_calls of them at once (the rest get an error)."""
@@ -174,8 +186,10 @@ def build_tool_agent(model_path: str, cfg, registry) -> ToolAgent:
     parser = registry.get("tool_parsers", agent_cfg.parser)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     options = dict(agent_cfg.options)
+    with open(os.path.join(model_path, "config.json")) as f:
+        max_len = json.load(f)["max_position_embeddings"]
     return ToolAgent(tokenizer, ChatTokens(tokenizer, **dict(agent_cfg.template_kwargs)),
-                     lambda: env_spec.make(options), parser.parse, agent_cfg)
+                     lambda: env_spec.make(options), parser.parse, agent_cfg, max_len)
 
 
 TOOLS = AgentSpec("tools", build_tool_agent)
