@@ -1,4 +1,4 @@
-"""The model configs bundled in rlcore.presets/models are the published config.json files: every key as published,
+"""The model configs bundled in configs/models are the published config.json files: every key as published,
 laid out as published. The conformance sweeps start from them and --dry-run sizes the presets with them, so a key
 dropped here is a part of what users download that nothing tests (DeepSeek-V3's FP8 quantization_config was)."""
 import json
@@ -100,7 +100,7 @@ def bundled(name: str) -> tuple[str, dict]:
 def test_a_bundled_config_keeps_every_key(name):
     _, config = bundled(name)
     missing = sorted(set(KEYS[name].split()) - set(config))
-    assert not missing, f"core/rlcore/presets/models/{name}.json lost {missing}: restore them as published"
+    assert not missing, f"configs/models/{name}.json lost {missing}: restore them as published"
 
 
 @pytest.mark.parametrize("name", sorted(set(KEYS) - NOT_YET_AS_PUBLISHED))

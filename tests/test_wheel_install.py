@@ -95,9 +95,25 @@ def test_plugins_listed_as_in_the_checkout(wheel_venv, tmp_path):
     assert "qwen3" in from_wheels and from_wheels == from_checkout
 
 
+def test_the_wheel_carries_configs_as_the_presets(wheel_venv):
+    """configs/ (the recipes, kept once in the checkout) is installed whole as rlcore.presets, byte for byte."""
+    configs = REPO / "configs"
+    recipes = {p.relative_to(configs).as_posix(): p.read_bytes() for p in configs.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    installed = _site(wheel_venv) / "rlcore" / "presets"
+    assert {name: (installed / name).read_bytes() if (installed / name).is_file() else None
+            for name in recipes} == recipes
+
+
+def test_a_large_preset_dry_runs_from_the_wheels(wheel_venv, tmp_path):
+    report = _run([wheel_venv / "bin" / "rlcore", "run", "--plugins=deepseek,grpo,vllm", "--dry-run",
+                   "deepseek-v3-671b-96gpu"], cwd=tmp_path, env=_env(wheel_venv))
+    assert "671.0B parameters" in report and "tp 8 x pp 12" in report, report
+
+
 def test_quickstart_runs_from_the_wheels(wheel_venv, tmp_path, warm_start_cache):
     run_dir = tmp_path / "run"
-    _run([wheel_venv / "bin" / "rlcore", "run", "--plugins=qwen3,grpo,vllm", "trainer.steps=2",
+    _run([wheel_venv / "bin" / "rlcore", "run", "--plugins=qwen3,grpo,vllm", "quickstart", "trainer.steps=2",
           "trainer.eval_every=0", "run.progress=false", f"run.dir={run_dir}",
           f"warm_start.cache_dir={warm_start_cache}"], cwd=tmp_path, env=_env(wheel_venv))
     steps = (run_dir / "metrics.jsonl").read_text().splitlines()

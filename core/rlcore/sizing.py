@@ -1,7 +1,7 @@
 """`rlcore run --dry-run`: check a parallel layout against a model and estimate its memory, without any device.
 
 Sizes come from the model's HF config (``model.path``'s config.json, or ``model.hf_config``: a path or the name of a
-config bundled in ``rlcore.presets/models``), mapped through the model plugin to a Megatron TransformerConfig with
+config bundled in ``configs/models``), mapped through the model plugin to a Megatron TransformerConfig with
 the run's parallel sizes, so Megatron's own validation runs too. Parameters are counted from that config: MLA or
 grouped-query attention, dense and MoE layers (routed + shared experts), embeddings and output layer.
 

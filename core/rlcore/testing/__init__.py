@@ -153,7 +153,7 @@ def assert_tp_conversion_exact(model, converter, path: str, tp: int = 2) -> int:
 
 
 def published_config(name: str, **sizes: Any) -> dict:
-    """A published config bundled in ``rlcore.presets/models`` with the given keys (its sizes) replaced: a tiny
+    """A published config bundled in ``configs/models`` with the given keys (its sizes) replaced: a tiny
     model that keeps every other value as published."""
     with (resources.files("rlcore.presets") / "models" / f"{name}.json").open() as f:
         return {**json.load(f), **sizes}
