@@ -118,3 +118,12 @@ def test_quickstart_runs_from_the_wheels(wheel_venv, tmp_path, warm_start_cache)
           f"warm_start.cache_dir={warm_start_cache}"], cwd=tmp_path, env=_env(wheel_venv))
     steps = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(steps) == 2 and (run_dir / "summary.json").exists()
+
+
+def test_diagnose_reads_the_lock_from_the_wheel(wheel_venv, tmp_path):
+    """The wheel carries the lock (rlcore/constraints.txt, a link in the checkout): diagnose finds the stack as
+    tested from a wheel install too."""
+    installed = _site(wheel_venv) / "rlcore" / "constraints.txt"
+    assert not installed.is_symlink() and installed.read_text() == (REPO / "scripts" / "constraints.txt").read_text()
+    report = _run([wheel_venv / "bin" / "rlcore", "diagnose"], cwd=tmp_path, env=_env(wheel_venv))
+    assert report.rstrip().endswith("no problems: the stack is as tested"), report

@@ -1,5 +1,5 @@
-"""`rlcore run`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`. User mistakes print one line and
-exit 2; nothing else changes."""
+"""`rlcore run`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`. User
+mistakes print one line and exit 2; nothing else changes."""
 from __future__ import annotations
 
 import argparse
@@ -87,6 +87,14 @@ def dry_run(cfg, plugins) -> int:
     return 0
 
 
+def cmd_diagnose(args) -> int:
+    from rlcore import diagnose
+    from rlcore.plugins import parse_selection
+
+    source, overrides = _split_args(args.args)
+    return diagnose.main(source, overrides, parse_selection(args.plugins), dry_run)
+
+
 def cmd_plugins(args) -> int:
     from rlcore.plugins import load_plugins, parse_selection
 
@@ -165,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                      "its config (key=value overrides still apply)")
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
+    diag = sub.add_parser("diagnose", help="the installed stack against the tested versions, devices, plugins and "
+                          "(given one) a config's checks and memory estimate: rlcore diagnose [config|preset] "
+                          "[key=value ...]; exit status 1 if a problem would stop a run")
+    diag.add_argument("--plugins", help="comma-separated entry points to load (default: every installed one)")
+    diag.add_argument("args", nargs="*", help="a YAML file or preset name, then key=value")
+    diag.set_defaults(func=cmd_diagnose)
     plug = sub.add_parser("plugins", help="list installed plugins and what each registers")
     plug.add_argument("--plugins", help="only these entry points")
     plug.add_argument("--json", action="store_true")
