@@ -69,3 +69,67 @@ def test_plugins_command_lists_distributions_and_registrations():
                      "vllm       rlcore-rollout-vllm 0.1.0", "models            qwen3",
                      "rollout_backends  vllm", "tasks             addition"):
         assert expected in out, out
+
+
+# --- refused before any worker starts, by the checks the dry run makes -----------------------------------------------
+
+def error_lines(result) -> list[str]:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
+
+
+@pytest.fixture(scope="module")
+def four_heads(tmp_path_factory):
+    """A tiny Qwen3 checkpoint with 4 attention heads over 2 query groups (an FFN width of 96, which 3 divides) and a
+    32-token context, its tokenizer one token per character."""
+    from rlcore.testing import tiny_checkpoint
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+    path = tmp_path_factory.mktemp("four_heads")
+    tiny_checkpoint(QWEN3, str(path), hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+                    ffn_hidden_size=96, max_position_embeddings=32)
+    write_char_tokenizer(str(path))
+    return path
+
+
+def test_a_layout_the_model_cannot_split_is_refused_as_the_dry_run_refuses_it(four_heads, tmp_path):
+    """tp=3 with 4 heads died in a Ray worker with Megatron's traceback; the run now asks the dry run's question."""
+    args = ["--plugins=qwen3,grpo,vllm", f"model.path={four_heads}", "actor.parallel.tp=3", "trainer.world_size=3",
+            f"run.dir={tmp_path / 'run'}"]
+    problems = ["attention heads = 4 is not divisible by actor.parallel.tp = 3",
+                "query groups (KV heads) = 2 is not divisible by actor.parallel.tp = 3"]
+    assert error_lines(rlcore("run", *args)) == [
+        f"rlcore: error: the layout does not fit the model: {'; '.join(problems)} (rlcore run --dry-run with "
+        "model.path or model.hf_config checks a layout without starting anything)"]
+    dry = rlcore("run", "--dry-run", *args)
+    assert error_lines(dry) == ["rlcore: error: the layout does not fit the model:"]
+    assert dry.stderr.splitlines()[-len(problems):] == [f"  - {p}" for p in problems]
+
+
+def test_a_response_budget_the_context_cannot_hold_is_refused_before_workers_start(four_heads, tmp_path):
+    expected = ["rlcore: error: rollout.max_response_len = 32 leaves no room for a prompt in the model's context of "
+                "32 tokens (max_position_embeddings): set rollout.max_response_len below 32, minus the longest prompt"]
+    args = ["--plugins=qwen3,grpo,vllm", f"model.path={four_heads}", "rollout.max_response_len=32"]
+    assert error_lines(rlcore("run", *args, f"run.dir={tmp_path / 'run'}")) == expected
+    assert error_lines(rlcore("run", "--dry-run", *args)) == expected
+
+
+def test_one_train_file_as_verl_gives_it_and_its_longest_prompt_is_checked_against_the_context(four_heads, tmp_path):
+    """task.options.train_files=<path> (verl's form for one file) is a list of one; the file's longest prompt (22
+    characters, under max_prompt_len) with a 16-token response overflows the 32-token context: refused before the
+    engines start, where it used to fail at the first step."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "addition", "prompt": p, "reward_model": {"ground_truth": a}}
+            for p, a in [("12+34=", "46"), ("1234567890+1234567890=", "2469135780")]]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    result = rlcore("run", "--plugins=qwen3,grpo,vllm", f"model.path={four_heads}", "task.name=dataset",
+                    f"task.options.train_files={tmp_path / 'train.parquet'}", "task.options.chat_template=false",
+                    "task.reward=exact_match", "rollout.max_response_len=16", f"run.dir={tmp_path / 'run'}")
+    assert "rlcore: 2 training prompts (0 left out as too long)" in result.stderr, result.stderr[-2000:]
+    assert error_lines(result) == [
+        "rlcore: error: the longest prompt has 22 tokens: with rollout.max_response_len = 16 that is 38, more than "
+        "the model's context of 32 tokens (max_position_embeddings): set rollout.max_response_len=10, or "
+        "task.options.max_prompt_len=16 to leave the longer prompts out"]

@@ -124,3 +124,17 @@ def test_async_with_the_trainers_old_policy_gets_truncated_importance_weights_un
     for chosen in (["actor.old_logprobs=auto"], ["actor.old_logprobs=actor", "algorithm.rollout_is=none"]):
         cfg = load_config("quickstart", ASYNC + ["rollout.max_staleness=1", *chosen])
         assert async_default(cfg, grpo.GRPOConfig) is None
+
+
+def test_a_list_key_given_one_value_is_a_list_of_it(tmp_path):
+    """verl's form for one file, ``data.train_files=<path>``: omegaconf refused it ("AnyNode is not a ListConfig")."""
+    from rlcore_plugins.tasks.dataset import DatasetOptions
+
+    options = bind_plugin_section("task.options", {"train_files": "a.parquet", "val_files": "b.parquet"},
+                                  DatasetOptions)
+    assert options.train_files == ["a.parquet"] and options.val_files == ["b.parquet"]
+    assert load_config("quickstart", ["trainer.loggers=console"]).trainer.loggers == ["console"]
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer: {loggers: jsonl}\n")
+    assert load_config(str(f), []).trainer.loggers == ["jsonl"]
+    assert load_config(str(f), ["trainer.loggers=[console,jsonl]"]).trainer.loggers == ["console", "jsonl"]

@@ -70,14 +70,16 @@ def cmd_run(args) -> int:
 
 def dry_run(cfg, plugins) -> int:
     from rlcore.config import bind_plugin_section
-    from rlcore.preflight import check_optimizers, check_rollout_backend
+    from rlcore.preflight import check_context, check_optimizers, check_rollout_backend
     from rlcore.sizing import dry_run as check, read_model_config
 
     reg = plugins.registry
     algorithm = reg.get("algorithms", cfg.algorithm["name"])
     algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
     check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
-    check_rollout_backend(cfg, reg, read_model_config(cfg), here=False)
+    hf_config = read_model_config(cfg)
+    check_rollout_backend(cfg, reg, hf_config, here=False)
+    check_context(cfg, hf_config)
     problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg))
     if problems:
         print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),

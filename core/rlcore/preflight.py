@@ -2,10 +2,14 @@
 the same functions, so a dry run refuses what the run would."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.config import Config
+from rlcore.errors import ConfigError
 from rlcore.registry import Registry
+
+if TYPE_CHECKING:
+    from rlcore.specs import ModelSpec, Task
 
 
 def check_optimizers(cfg: Config, registry: Registry, needs_critic: bool) -> None:
@@ -22,3 +26,32 @@ def check_rollout_backend(cfg: Config, registry: Registry, hf_config: dict[str, 
     backend = registry.get("rollout_backends", cfg.rollout.backend)
     if backend.check:
         backend.check(hf_config, cfg.rollout, here)
+
+
+def check_layout(cfg: Config, spec: "ModelSpec", hf_config: dict[str, Any]) -> None:
+    """The actor's parallel layout against the model, by the dry run's own function (``rlcore.sizing``), in one line:
+    Megatron would otherwise refuse it inside a worker, with a traceback."""
+    from rlcore.sizing import layout_problems
+
+    problems = layout_problems(cfg, spec, hf_config)
+    if problems:
+        raise ConfigError(f"the layout does not fit the model: {'; '.join(problems)} (rlcore run --dry-run with "
+                          f"model.path or model.hf_config checks a layout without starting anything)")
+
+
+def check_context(cfg: Config, hf_config: dict[str, Any], task: "Task | None" = None) -> None:
+    """A prompt and ``rollout.max_response_len`` tokens must fit the model's context: the engines are started with
+    that length, so a prompt that leaves too little room would otherwise fail only once they run. ``task``: one
+    whose prompts are rendered (``Task.longest_prompt``); without it (a dry run) only the response is checked."""
+    context, response = hf_config["max_position_embeddings"], cfg.rollout.max_response_len
+    if response >= context:
+        raise ConfigError(f"rollout.max_response_len = {response} leaves no room for a prompt in the model's context "
+                          f"of {context} tokens (max_position_embeddings): set rollout.max_response_len below "
+                          f"{context}, minus the longest prompt")
+    longest = task.longest_prompt() if task is not None else None
+    if longest is not None and longest[0] + response > context:
+        tokens, cap = longest
+        leave_out = f", or {cap}={context - response} to leave the longer prompts out" if cap else ""
+        raise ConfigError(f"the longest prompt has {tokens} tokens: with rollout.max_response_len = {response} that "
+                          f"is {tokens + response}, more than the model's context of {context} tokens "
+                          f"(max_position_embeddings): set rollout.max_response_len={context - tokens}{leave_out}")

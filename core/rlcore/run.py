@@ -15,7 +15,7 @@ from rlcore.config import Config, bind_plugin_section, check_runnable_here, save
 from rlcore.errors import RlcoreError
 from rlcore.learner import Learner
 from rlcore.plugins import LoadedPlugins
-from rlcore.preflight import check_optimizers, check_rollout_backend
+from rlcore.preflight import check_context, check_layout, check_optimizers, check_rollout_backend
 from rlcore.rewards import build_rewards
 from rlcore.rollout.colocated import ColocatedSource
 from rlcore.rollout.source import Source
@@ -93,6 +93,7 @@ class Run:
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         check_rollout_backend(cfg, self.plugins.registry, hf_config)
+        check_layout(cfg, self.spec, hf_config)
         self.hf_config = hf_config
         if self.resume_from:
             checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),
@@ -100,6 +101,7 @@ class Run:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
         self.task.bind_tokenizer(self.tokenizer)
+        check_context(cfg, hf_config, self.task)      # the engines' length, before they start
         asynchronous = cfg.trainer.mode == "async"
         self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path,
                                     ActorWorker if asynchronous else ActorRolloutWorker)

@@ -181,6 +181,24 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
                 stages=len(stages))
 
 
+def layout_problems(cfg: Config, spec, hf: dict) -> list[str]:
+    """Why the actor's parallel layout cannot split this model (empty: it can): the sizes each parallel size divides,
+    then Megatron's own checks of the layout. ``--dry-run`` and the run (``rlcore.preflight.check_layout``, before any
+    worker starts) both ask this, so a run refuses exactly what a dry run does rather than dying in a worker."""
+    from rlcore.megatron.model import transformer_config
+
+    p = cfg.actor.parallel
+    problems = divisibility_problems(transformer_config(spec, hf, cfg.actor.dtype), cfg)
+    if problems:
+        return problems
+    try:
+        transformer_config(spec, hf, cfg.actor.dtype, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, sequence_parallel=p.sp,
+                           last_stage_layers=p.last_stage_layers)
+    except (ValueError, AssertionError) as e:
+        return [f"Megatron refuses this layout for {spec.name}: {e}"]
+    return []
+
+
 def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]:
     """(problems, report). No problems = the layout fits this model (model state only; see the module docstring).
     ``reference``: the algorithm keeps a frozen reference policy (``estimate``)."""
@@ -191,16 +209,10 @@ def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]
         check_model_config(spec, hf, cfg.actor.dtype)
     except ValueError as e:
         raise ConfigError(f"model config {cfg.model.path or cfg.model.hf_config!r}: {e}") from e
-    config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
-    problems = divisibility_problems(config, cfg)
-    if not problems:
-        try:   # Megatron's own checks of the layout
-            transformer_config(spec, hf, cfg.actor.dtype, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
-                               sequence_parallel=p.sp, last_stage_layers=p.last_stage_layers)
-        except (ValueError, AssertionError) as e:
-            problems = [f"Megatron refuses this layout for {spec.name}: {e}"]
+    problems = layout_problems(cfg, spec, hf)
     if problems:
         return problems, ""
+    config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
     m = estimate(config, hf, cfg, reference)
     d = m["per_device"]
     lines = [

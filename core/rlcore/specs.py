@@ -257,6 +257,12 @@ class Task(abc.ABC):
         """Called once the model's tokenizer is loaded, before any prompt is asked for: a task that renders
         prompts with the chat template, or filters them by token length, does it here."""
 
+    def longest_prompt(self) -> tuple[int, str] | None:
+        """(tokens of the longest prompt the task will hand out, the setting that leaves longer ones out, or ""),
+        known once the tokenizer is bound; None for tasks that make prompts as they go. The run checks it with
+        ``rollout.max_response_len`` against the model's context before any worker starts."""
+        return None
+
     def supervised_examples(self, step: int, count: int) -> list[tuple[str, str]]:
         """(prompt, completion) pairs for a supervised warm start; tasks without them raise."""
         raise NotImplementedError(f"task {type(self).__name__} has no supervised examples for a warm start")

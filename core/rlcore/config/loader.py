@@ -8,7 +8,7 @@ import os
 from importlib import resources
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlcore.config.schema import Config
@@ -68,6 +68,8 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
     try:
         base, given = _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(list(overrides))
         _drop_options_of_another_task(base, given)
+        for layer in (base, given):
+            _one_value_as_list(schema, layer)
         cfg = OmegaConf.merge(schema, base, given)
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:
@@ -100,6 +102,20 @@ def _drop_options_of_another_task(base: DictConfig, given: DictConfig) -> None:
     named = OmegaConf.select(given, "task.name")
     if named is not None and named != OmegaConf.select(base, "task.name") and OmegaConf.select(base, "task.options"):
         base.task.options = {}
+
+
+def _one_value_as_list(schema: DictConfig, given: DictConfig) -> None:
+    """A key the schema types as a list takes one value as a list of that value, as verl takes
+    ``data.train_files=<path>`` (omegaconf would refuse it: "AnyNode is not a ListConfig")."""
+    for key in given.keys():
+        if key not in schema:             # an unknown key: the merge names it
+            continue
+        expected, node = schema._get_node(key), given._get_node(key)
+        if isinstance(expected, DictConfig) and isinstance(node, DictConfig):
+            _one_value_as_list(expected, node)
+        elif isinstance(expected, ListConfig) and not isinstance(node, (DictConfig, ListConfig)) \
+                and not OmegaConf.is_interpolation(given, str(key)) and given[key] is not None:
+            given[key] = [given[key]]
 
 
 _RULES = [  # (key, predicate, what is allowed)
@@ -249,7 +265,9 @@ def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:
     """Validate a plugin-owned section (e.g. ``algorithm``) against the plugin's own dataclass."""
     schema = OmegaConf.structured(config_cls)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(schema, options))
+        given = OmegaConf.create(options)
+        _one_value_as_list(schema, given)
+        return OmegaConf.to_object(OmegaConf.merge(schema, given))
     except OmegaConfBaseException as e:
         err = _explain(e, schema)
         raise ConfigError(str(err).replace("config key '", f"config key '{section}.", 1)) from e

@@ -65,6 +65,11 @@ class Dataset(Task):
         print(f"rlcore: {len(self.train)} training prompts ({self.left_out} left out as too long); the first, as the "
               f"model sees it:\n{self.train[0].text}", file=sys.stderr)
 
+    def longest_prompt(self):
+        if self.sampler is None:
+            raise RuntimeError("the dataset task renders prompts with the model's tokenizer: bind_tokenizer first")
+        return max(len(p.ids) for p in self.train + self.val), "task.options.max_prompt_len"
+
     @staticmethod
     def _example(prompt: RenderedPrompt) -> tuple[str, dict]:
         r = prompt.record
