@@ -38,6 +38,10 @@ class Timer:
 def step(run: "Run", number: int) -> dict[str, float]:
     """One RL step; returns its metrics."""
     timer = Timer()
+    if number in run.cfg.trainer.profile_steps:      # a profiler only on the listed steps
+        from rlcore.profiling import ProfilingTimer, profile_directory
+
+        timer = ProfilingTimer(profile_directory(run.run_dir, number), run.workers, run.critic)
     metrics: dict[str, float] = {}
     trajectories, sampled = run.source.next_groups(number, run.learner.version, timer, metrics)
     metrics.update(reward_metrics(sampled))

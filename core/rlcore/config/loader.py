@@ -170,6 +170,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.save_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.keep_checkpoints", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
+    ("trainer.profile_steps", lambda v: all(s >= 1 for s in v), "a list of step numbers >= 1, e.g. [2, 5]"),
     ("warm_start.steps", lambda v: v >= 0, "an integer >= 0"),
     ("warm_start.target_accuracy", lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = no target)"),
     ("warm_start.eval_every", lambda v: v >= 1, "an integer >= 1"),
@@ -225,6 +226,10 @@ def check_values(cfg: Config) -> None:
     if cfg.trainer.eval_n > 1 and cfg.trainer.eval_temperature == 0:
         raise ConfigError(f"trainer.eval_n = {cfg.trainer.eval_n} with trainer.eval_temperature = 0: greedy "
                           f"responses are all alike; set eval_temperature > 0 (e.g. 1.0) to sample n, or eval_n=1")
+    late = [s for s in cfg.trainer.profile_steps if s > cfg.trainer.steps]
+    if late:
+        raise ConfigError(f"trainer.profile_steps {list(cfg.trainer.profile_steps)} has step(s) {late} after the "
+                          f"last step, trainer.steps = {cfg.trainer.steps}: list steps from 1 to {cfg.trainer.steps}")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
 

@@ -217,6 +217,9 @@ class TrainerConfig:
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
     export_max_shard_gb: float = 5.0   # its safetensors files hold at most this many GB (10^9 bytes) each, with an
                                   # index when there are several (HF's sharded layout; transformers writes 5 GB)
+    profile_steps: List[int] = field(default_factory=list)   # e.g. [2, 5]: a torch profiler trace and a memory
+                                  # record per phase (rollout, sync, logprobs, train...) on every worker rank in
+                                  # <run dir>/profile/step<N>/<phase>-rank<r>.json; no profiler on other steps
 
 
 @dataclass

@@ -23,6 +23,7 @@ from rlcore.rollout.requests import episodes
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
+    from rlcore.profiling import PhaseProfiler
     from rlcore.weight_sync.push import WeightPushSender
 
 
@@ -111,6 +112,7 @@ class Worker:
         self.algorithm = self.registry.get("algorithms", cfg.algorithm["name"])
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         self.pending_saves = None     # asynchronous checkpoint writes (megatron-core's AsyncCallsQueue)
+        self.profiler: PhaseProfiler | None = None     # a phase being profiled (trainer.profile_steps)
 
     def save_checkpoint(self, directory: str, asynchronous: bool = False) -> None:
         """Collective: the model's and optimizer's shards (``directory``/model), and per rank its update count and
@@ -144,6 +146,20 @@ class Worker:
         if not reports:
             return None
         return Batch({"answer": result}) if isinstance(result, torch.Tensor) else result
+
+    def profile_begin(self, directory: str, phase: str) -> None:
+        """trainer.profile_steps: profile this process until ``profile_end`` (``rlcore.profiling``)."""
+        from rlcore.profiling import PhaseProfiler
+
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.profiler = PhaseProfiler(os.path.join(directory, f"{phase}-rank{rank}"))
+        self.profiler.begin()
+
+    def profile_end(self) -> list[str]:
+        """Write the trace and memory record of the phase ``profile_begin`` started; the files written."""
+        assert self.profiler is not None, "profile_end without profile_begin"
+        written, self.profiler = self.profiler.end(), None
+        return written
 
     def checkpoint_extras(self) -> dict:
         """More of this rank's state for its checkpoint file (JSON-able); ``load_checkpoint`` gets it back."""
