@@ -100,8 +100,8 @@ def test_a_layout_the_model_cannot_split_is_refused_as_the_dry_run_refuses_it(fo
     problems = ["attention heads = 4 is not divisible by actor.parallel.tp = 3",
                 "query groups (KV heads) = 2 is not divisible by actor.parallel.tp = 3"]
     assert error_lines(rlcore("run", *args)) == [
-        f"rlcore: error: the layout does not fit the model: {'; '.join(problems)} (rlcore run --dry-run with "
-        "model.path or model.hf_config checks a layout without starting anything)"]
+        f"rlcore: error: the layout does not fit the model: {'; '.join(problems)}: choose parallel sizes that divide "
+        "them (rlcore run --dry-run checks a layout without starting anything)"]
     dry = rlcore("run", "--dry-run", *args)
     assert error_lines(dry) == ["rlcore: error: the layout does not fit the model:"]
     assert dry.stderr.splitlines()[-len(problems):] == [f"  - {p}" for p in problems]
