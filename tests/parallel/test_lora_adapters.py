@@ -1,0 +1,319 @@
+"""LoRA adapters on megatron-core's parallel linears (rlcore.megatron.lora), on gloo at TP1, TP2 and TP2 with
+sequence parallelism.
+
+One linear of each kind with random non-zero A and B: its output (gathered) and the gradients of its input, A and B
+equal the full-matrix LoRA x W^T + x A^T B^T * scale computed unsharded in plain torch; the base weight gets no
+gradient and no all-gather ever sends it; adapters off give the base output exactly; with dropout, replicated
+adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel with adapters set from per-projection (PEFT-style)
+adapters through the model's own weight rules: its logits equal those of the base model with the merged weights
+W + B A * scale in every layout, and so agree between TP1 and TP2."""
+import re
+import textwrap
+
+import pytest
+import torch
+from ranks import run_ranks
+
+
+LAYOUTS = {"tp1": (1, 0), "tp2": (2, 0), "tp2-sp": (2, 1)}   # processes (= TP), sequence parallel
+
+LINEAR_SCRIPT = textwrap.dedent("""
+    import sys, types, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    from safetensors.torch import save_file
+    from megatron.core import ModelParallelConfig, parallel_state as mpu
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, layers, mappings
+    from rlcore.megatron.lora import LoRAConfig, adapters_enabled, attach_lora
+    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+
+    out_path, tp, sp = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3]))
+    init_parallel(tp=tp)
+    rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
+    config = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
+                                 gradient_accumulation_fusion=False)
+    IN, OUT, R, S, B = 24, 32, 4, 6, 3
+
+    sent = []   # what every all-gather sent while recording
+    def recorded(gather):
+        def wrapper(*args, **kwargs):
+            if recording[0]:
+                sent.append(args[1])
+            return gather(*args, **kwargs)
+        return wrapper
+    recording = [False]
+    mappings.dist_all_gather_func = recorded(mappings.dist_all_gather_func)
+    layers.dist_all_gather_func = recorded(layers.dist_all_gather_func)
+    dist.all_gather = recorded(dist.all_gather)
+    dist.all_gather_into_tensor = recorded(dist.all_gather_into_tensor)
+
+    def full(*shape, seed):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    def part(t, dim):
+        return t.chunk(tp, dim)[rank].contiguous()
+    def gather(t, dim):
+        parts = [torch.empty_like(t) for _ in range(tp)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return torch.cat(parts, dim)
+    def finalize(linear):   # megatron-core's TP reduction of the parameters tagged sequence_parallel (and norms)
+        linear.ddp_config = DistributedDataParallelConfig()
+        _allreduce_non_tensor_model_parallel_grads([linear], types.SimpleNamespace(sequence_parallel=sp,
+                                                                                   qk_layernorm=False), group)
+    def replica_spread(t):   # how far TP ranks' copies of a replicated tensor are apart
+        copies = gather(t.unsqueeze(0), 0)
+        return (copies - copies[0]).abs().max()
+
+    W, A, Bm = full(OUT, IN, seed=1), full(R, IN, seed=2), full(OUT, R, seed=3)
+    x, g = full(S, B, IN, seed=4), full(S, B, OUT, seed=5)
+    cfg = LoRAConfig(rank=R, alpha=8.0)
+    saved = {}
+    for kind in ("column", "row"):
+        def build(lora_cfg):
+            if kind == "column":
+                linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                              gather_output=False)
+                w, a, b = part(W, 0), A, part(Bm, 0)
+                x_in = part(x, 0) if sp else x                  # SP: this rank's sequence chunk
+            else:
+                linear = RowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                           input_is_parallel=True, skip_bias_add=False)
+                w, a, b = part(W, 1), part(A, 1), Bm
+                x_in = part(x, 2)                               # split by features, like W's columns
+            with torch.no_grad():
+                linear.weight.copy_(w)
+            linear.weight.requires_grad_(False)
+            x_in = x_in.clone().requires_grad_()
+            base_out = linear(x_in)[0].detach()
+            adapter = attach_lora(linear, lora_cfg, f"{kind}_linear")
+            with torch.no_grad():
+                adapter.A.copy_(a)
+                adapter.B.copy_(b)
+            return linear, adapter, x_in, base_out
+
+        def output_and_grad(y):   # the whole output, and this rank's part of the output's gradient
+            if kind == "column":
+                return gather(y, 2), part(g, 2)
+            return (gather(y, 0), part(g, 0)) if sp else (y, g)
+
+        linear, adapter, x_in, base_out = build(cfg)
+        recording[0] = True
+        y = linear(x_in)[0]
+        y_local = y
+        recording[0] = False
+        y, g_local = output_and_grad(y_local)
+        recording[0] = True
+        (y_local * g_local).sum().backward()
+        recording[0] = False
+        finalize(linear)
+        assert linear.weight.grad is None, "the frozen base weight got a gradient"
+        w_shard = linear.weight
+        assert sent or not sp, "no all-gather was recorded under SP (the recorder is not in the path)"
+        assert not any(t.data_ptr() == w_shard.data_ptr() or t.shape == w_shard.shape for t in sent), \\
+            [tuple(t.shape) for t in sent]
+        if kind == "column":
+            grad_a, grad_b = adapter.A.grad, gather(adapter.B.grad, 0)
+            spread = replica_spread(adapter.A.grad)
+            grad_x = gather(x_in.grad, 0) if sp else x_in.grad
+        else:
+            grad_a, grad_b = gather(adapter.A.grad, 1), adapter.B.grad
+            spread = replica_spread(adapter.B.grad)
+            grad_x = gather(x_in.grad, 2)
+        with adapters_enabled(linear, False):
+            off = linear(x_in)[0].detach()
+        saved.update({f"{kind}.y": y, f"{kind}.grad_A": grad_a, f"{kind}.grad_B": grad_b, f"{kind}.grad_x": grad_x,
+                      f"{kind}.replicated_grad_spread": spread.reshape(1),
+                      f"{kind}.off_equals_base": torch.tensor([float(torch.equal(off, base_out))]),
+                      f"{kind}.gathers_seen": torch.tensor([float(len(sent))])})
+        sent.clear()
+
+        # dropout: the replicated factor's gradient still agrees on every TP rank; eval() turns it off
+        linear, adapter, x_in, _ = build(LoRAConfig(rank=R, alpha=8.0, dropout=0.5))
+        y_train = linear(x_in)[0]
+        (y_train * output_and_grad(y_train.detach())[1]).sum().backward()
+        finalize(linear)
+        spread = replica_spread(adapter.A.grad if kind == "column" else adapter.B.grad)
+        linear.eval()
+        y_eval = output_and_grad(linear(x_in)[0].detach())[0]
+        saved.update({f"{kind}.dropout_replicated_grad_spread": spread.reshape(1), f"{kind}.dropout_eval_y": y_eval,
+                      f"{kind}.dropout_changed_y": (output_and_grad(y_train.detach())[0] - y_eval).abs().max()
+                      .reshape(1)})
+
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in saved.items()}, out_path)
+    shutdown_parallel()
+""")
+
+
+def full_matrix_lora(scale: float = 2.0) -> dict:
+    """The expected outputs and gradients, unsharded, in plain torch (the script's tensors, same seeds)."""
+    def full(*shape, seed):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    IN, OUT, R, S, B = 24, 32, 4, 6, 3
+    W, A, Bm = full(OUT, IN, seed=1), full(R, IN, seed=2), full(OUT, R, seed=3)
+    x, g = full(S, B, IN, seed=4), full(S, B, OUT, seed=5)
+    x, A, Bm = (t.clone().requires_grad_() for t in (x, A, Bm))
+    y = x @ W.t() + (x @ A.t() @ Bm.t()) * scale
+    (y * g).sum().backward()
+    return {"y": y.detach(), "grad_A": A.grad, "grad_B": Bm.grad, "grad_x": x.grad}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.slow
+@pytest.mark.parallel
+def test_adapted_linears_equal_full_matrix_lora(tmp_path, layout):
+    procs, sp = LAYOUTS[layout]
+    got = run_ranks(LINEAR_SCRIPT, tmp_path, procs, tmp_path / "out.safetensors", procs, sp)
+    want = full_matrix_lora()
+    for kind in ("column", "row"):
+        for name, expected in want.items():
+            diff = (got[f"{kind}.{name}"] - expected).abs().max().item()
+            assert diff <= 1e-5 * (1 + expected.abs().max().item()), (kind, name, diff)
+        assert got[f"{kind}.replicated_grad_spread"].item() == 0.0, kind
+        assert got[f"{kind}.off_equals_base"].item() == 1.0, f"{kind}: adapters off is not the base output exactly"
+        assert got[f"{kind}.dropout_replicated_grad_spread"].item() == 0.0, f"{kind}: TP ranks' dropout masks differ"
+        assert (got[f"{kind}.dropout_eval_y"] - want["y"]).abs().max().item() <= 1e-4, kind
+        assert got[f"{kind}.dropout_changed_y"].item() > 1e-3, f"{kind}: dropout changed nothing in training"
+
+
+GPT_SCRIPT = textwrap.dedent("""
+    import sys, zlib, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    from safetensors.torch import save_file
+    from megatron.core import parallel_state as mpu
+    from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
+    from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.weight_sync.reshard import global_name
+    from rlcore_model_qwen3.plugin import QWEN3
+
+    out, path, tp, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4]))
+    init_parallel(tp=tp)
+    rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
+    hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
+    ids = torch.randint(1, 16, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def logits(model):   # [b, s, V], the vocabulary slices gathered
+        with torch.no_grad():
+            local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+        parts = [torch.empty_like(local) for _ in range(tp)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        return torch.cat(parts, -1)
+
+    def built(weights):
+        model, converter = build_gpt(QWEN3, hf_config, sequence_parallel=sp)
+        load_hf_into(model, converter, weights)
+        return model.eval(), converter
+
+    model, converter = built(hf)
+    base = logits(model)
+    cfg = LoRAConfig(rank=4, alpha=8.0)
+    params = add_lora(model, cfg)
+    assert len(params) == 2 * 4 * hf_config["num_hidden_layers"], len(params)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters() if ".lora." in n}, sorted(trainable)
+    untouched = logits(model)   # B starts at zero: the base model
+
+    # per-projection adapters as PEFT holds them (q/k/v or gate/up share A), put into the fused layout by the
+    # model's own weight rules: B's rows split like W's rows, a row-parallel A's columns like W's columns
+    merged = dict(hf)
+    for name, module in model.named_modules():
+        adapter = getattr(module, "lora", None)
+        if not isinstance(adapter, LoRAAdapter):
+            continue
+        rule = converter.rule(global_name(model, f"{name}.weight"))
+        g = torch.Generator().manual_seed(zlib.crc32(rule.megatron.encode()))
+        names = rule.hf_names()
+        A = torch.randn(cfg.rank, hf[names[0]].shape[1], generator=g) * 0.1
+        B = {n: torch.randn(hf[n].shape[0], cfg.rank, generator=g) * 0.1 for n in names}
+        with torch.no_grad():
+            if isinstance(adapter, ColumnLoRA):
+                adapter.A.copy_(A)
+                adapter.B.copy_(rule.from_hf(B, converter.layout, rank, tp, adapter.B.shape))
+            else:
+                adapter.A.copy_(rule.from_hf({names[0]: A}, converter.layout, rank, tp, adapter.A.shape))
+                adapter.B.copy_(B[names[0]])
+        for n in names:
+            merged[n] = hf[n] + B[n] @ A * cfg.scale
+    adapted = logits(model)
+    with adapters_enabled(model, False):
+        off = logits(model)
+    reference, _ = built(merged)   # the base model with the merged weights W + B A * scale
+    expected = logits(reference)
+
+    model.train()   # a backward pass reaches the adapters only
+    model(ids, torch.arange(ids.shape[1]).expand_as(ids), None).float().square().mean().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    if rank == 0:
+        save_file({"base": base, "untouched": untouched, "adapted": adapted, "off": off, "expected": expected}, out)
+    del model, reference
+    shutdown_parallel()
+""")
+
+
+def adapted_gpt(tmp_path, checkpoint, layout):
+    procs, sp = LAYOUTS[layout]
+    return run_ranks(GPT_SCRIPT, tmp_path, procs, tmp_path / f"gpt-{layout}.safetensors", checkpoint, procs, sp)
+
+
+@pytest.fixture(scope="module")
+def one_process_gpt(tmp_path_factory, tiny_qwen3):
+    return adapted_gpt(tmp_path_factory.mktemp("lora_gpt"), tiny_qwen3, "tp1")
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.slow
+@pytest.mark.parallel
+def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, tiny_qwen3, one_process_gpt, layout):
+    got = one_process_gpt if layout == "tp1" else adapted_gpt(tmp_path, tiny_qwen3, layout)
+    assert torch.equal(got["untouched"], got["base"]), "fresh adapters (B = 0) changed the logits"
+    assert torch.equal(got["off"], got["base"]), "adapters off is not the base model exactly"
+    moved = (got["adapted"] - got["base"]).abs().max().item()
+    assert moved > 0.1, moved
+    assert (got["adapted"] - got["expected"]).abs().max().item() <= 1e-5 * (1 + moved)
+    assert (got["adapted"] - one_process_gpt["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(rank=0), "LoRA rank=0: must be a positive integer"),
+    (dict(alpha=0.0), "LoRA alpha=0.0: must be positive"),
+    (dict(dropout=1.0), "LoRA dropout=1.0: must be in [0, 1)"),
+    (dict(target_modules=()), "LoRA target_modules is empty"),
+    (dict(target_modules=("linear_qkv", "router")), "the MoE router is never adapted"),
+    (dict(target_modules=("linear_kv_down_proj",)), "adapters on multi-latent attention projections are not built"),
+    (dict(target_modules=("q_proj",)), "'q_proj', which is not a megatron-core linear rlcore adapts; choose from "
+                                       "linear_qkv, linear_proj, linear_fc1, linear_fc2"),
+])
+def test_bad_settings_are_refused_in_one_line(settings, message):
+    from rlcore.megatron.lora import LoRAConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LoRAConfig(**settings)
+
+
+@pytest.mark.slow
+def test_moe_experts_are_refused_by_name_until_built(tmp_path):
+    """Routed experts come in a later increment: a MoE model whose targets reach them is refused before it is
+    changed, naming the first expert linear; its attention alone takes adapters (and everything else is frozen)."""
+    from rlcore.megatron.lora import LoRAConfig, add_lora
+    from rlcore.megatron.model import build_gpt
+    from rlcore.megatron.parallel import init_parallel
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+
+    init_parallel()
+    hf = QWEN3_MOE.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  head_dim=8, ffn_hidden_size=16, max_position_embeddings=16)
+    model, _ = build_gpt(QWEN3_MOE, hf)
+    with pytest.raises(ValueError, match=re.escape("LoRA on MoE expert linears (decoder.layers.0.mlp.experts."
+                                                   "local_experts.0.linear_fc1) is not built yet")):
+        add_lora(model, LoRAConfig())
+    assert all(p.requires_grad for p in model.parameters()), "a refused model was changed"
+    params = add_lora(model, LoRAConfig(target_modules=("linear_qkv", "linear_proj")))
+    assert len(params) == 2 * 2 * 2
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        f"decoder.layers.{i}.self_attention.{linear}.lora.{f}" for i in range(2)
+        for linear in ("linear_qkv", "linear_proj") for f in "AB"}
+    with pytest.raises(ValueError, match=re.escape("LoRA on decoder.layers.0.self_attention.linear_qkv: the linear "
+                                                   "already has an adapter")):
+        add_lora(model, LoRAConfig(target_modules=("linear_qkv",)))
