@@ -12,6 +12,7 @@ Async mode's rollout workers generate outside the step's phases and are not prof
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ from rlcore.loop import Timer
 
 if TYPE_CHECKING:
     from rlcore.workers.group import WorkerGroup
+
+log = logging.getLogger(__name__)
 
 ACTOR_PHASES = ("rollout", "sync", "logprobs", "train")
 CRITIC_PHASES = ("values", "critic")
@@ -123,7 +126,8 @@ class ProfilingTimer(Timer):
             name = phase if self.entered[phase] == 1 else f"{phase}-{self.entered[phase]}"
             group.call("profile_begin", self.directory, name, phase=f"profiling {phase}")
             yield              # a phase that raises stops the run: nothing to write then
-            group.call("profile_end", phase=f"profiling {phase}")
+            written = group.call("profile_end", phase=f"profiling {phase}")
+            log.info("profiled %s on %d rank(s): %s/%s-rank*", name, len(written), self.directory, name)
 
 
 def profile_directory(run_dir: str, step: int) -> str:
