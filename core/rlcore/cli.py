@@ -34,6 +34,15 @@ def cmd_run(args) -> int:
     from rlcore.plugins import load_plugins, parse_selection
 
     source, overrides = _split_args(args.args)
+    translation, plugins = None, None
+    if args.verl:                                  # verl keys -> rlcore's, printed once, refused in one line
+        from rlcore.verl.command import run_overrides, summary as verl_table
+
+        if source is not None and source.startswith("~") and not os.path.exists(os.path.expanduser(source)):
+            overrides, source = [source, *overrides], None          # hydra's ~key, not a file
+        plugins = load_plugins(parse_selection(args.plugins))
+        overrides, translation = run_overrides(overrides, plugins.registry)
+        print(verl_table(translation))
     if args.resume:                                # the run's own config, then any overrides
         if source is not None:
             raise ConfigError(f"--resume {args.resume} continues that run with its own config: give key=value "
@@ -43,7 +52,7 @@ def cmd_run(args) -> int:
             raise ConfigError(f"--resume {args.resume!r}: not a run directory (no config.yaml)")
         overrides = [*overrides, f"run.dir={args.resume}", "trainer.resume=latest"]
     cfg = load_config(source, overrides)           # config errors surface before anything starts
-    plugins = load_plugins(parse_selection(args.plugins))
+    plugins = plugins or load_plugins(parse_selection(args.plugins))
     if args.dry_run:
         return dry_run(cfg, plugins)
     import torch
@@ -54,6 +63,10 @@ def cmd_run(args) -> int:
 
     torch.set_num_threads(1)
     run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
+    if translation is not None:
+        from rlcore.verl.command import save
+
+        save(translation, run.run_dir)
     try:
         summary = run.train()
     except WorkerDied as e:
@@ -95,6 +108,12 @@ def cmd_diagnose(args) -> int:
 
     source, overrides = _split_args(args.args)
     return diagnose.main(source, overrides, parse_selection(args.plugins), dry_run)
+
+
+def cmd_verl_translate(args) -> int:
+    from rlcore.verl.command import cmd_translate
+
+    return cmd_translate(args)
 
 
 def cmd_plugins(args) -> int:
@@ -173,8 +192,19 @@ def main(argv: list[str] | None = None) -> int:
                      "estimate memory per device and per node; starts nothing, needs no device")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint, with "
                      "its config (key=value overrides still apply)")
+    run.add_argument("--verl", action="store_true", help="take verl's keys too (as verl.trainer.main_ppo takes "
+                     "them, +key= and ~key included), mixed with rlcore's: each translated, printed and saved in the "
+                     "run directory (verl_translation.txt), or refused in one line")
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
+    verl = sub.add_parser("verl", help="coming from verl: rlcore verl translate <script.sh> [-o out.yaml]")
+    verl_sub = verl.add_subparsers(dest="verl_command", required=True)
+    tr = verl_sub.add_parser("translate", help="a verl example script (its main_ppo overrides, shell variables "
+                             "expanded) as an rlcore YAML recipe, each value commented with its verl key")
+    tr.add_argument("script")
+    tr.add_argument("-o", "--out", help="write the YAML here (default: print it)")
+    tr.add_argument("--plugins", help="the entry points to find model families in (default: every installed one)")
+    tr.set_defaults(func=cmd_verl_translate)
     diag = sub.add_parser("diagnose", help="the installed stack against the tested versions, devices, plugins and "
                           "(given one) a config's checks and memory estimate: rlcore diagnose [config|preset] "
                           "[key=value ...]; exit status 1 if a problem would stop a run")
