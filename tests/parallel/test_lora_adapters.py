@@ -6,7 +6,8 @@ equal the full-matrix LoRA x W^T + x A^T B^T * scale computed unsharded in plain
 gradient and no all-gather ever sends it; adapters off give the base output exactly; with dropout, replicated
 adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel with adapters set from per-projection (PEFT-style)
 adapters through the model's own weight rules: its logits equal those of the base model with the merged weights
-W + B A * scale in every layout, and so agree between TP1 and TP2."""
+W + B A * scale in every layout, and so agree between TP1 and TP2; so do the adapters' gradients after one backward
+pass, mapped to per-projection tensors by the same rules."""
 import re
 import textwrap
 
@@ -181,6 +182,9 @@ GPT_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
     from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
@@ -241,12 +245,28 @@ GPT_SCRIPT = textwrap.dedent("""
     reference, _ = built(merged)   # the base model with the merged weights W + B A * scale
     expected = logits(reference)
 
-    model.train()   # a backward pass reaches the adapters only
-    model(ids, torch.arange(ids.shape[1]).expand_as(ids), None).float().square().mean().backward()
+    # one backward pass of a loss every TP rank computes whole: it reaches the adapters only, and their gradients,
+    # reduced as megatron-core's finalize_model_grads does and mapped to per-projection tensors by the weight rules,
+    # are the same in every layout
+    model.train()
+    full = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
+    (full * torch.randn(full.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    model.ddp_config = DistributedDataParallelConfig()
+    _allreduce_non_tensor_model_parallel_grads([model], model.config, group)
     assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    grads = {}
+    for name, module in model.named_modules():
+        adapter = getattr(module, "lora", None)
+        if isinstance(adapter, LoRAAdapter):
+            rule = converter.rule(global_name(model, f"{name}.weight"))
+            sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
+            shards = [torch.empty_like(getattr(adapter, sharded).grad) for _ in range(tp)]
+            dist.all_gather(shards, getattr(adapter, sharded).grad, group=group)
+            grads.update({f"grad.{n}.lora_{sharded}": t.contiguous() for n, t in rule.to_hf(shards, converter.layout)})
+            grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
     if rank == 0:
-        save_file({"base": base, "untouched": untouched, "adapted": adapted, "off": off, "expected": expected}, out)
+        save_file({"base": base, "untouched": untouched, "adapted": adapted, "off": off, "expected": expected,
+                   **grads}, out)
     del model, reference
     shutdown_parallel()
 """)
@@ -273,6 +293,13 @@ def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, tiny_qwen3,
     assert moved > 0.1, moved
     assert (got["adapted"] - got["expected"]).abs().max().item() <= 1e-5 * (1 + moved)
     assert (got["adapted"] - one_process_gpt["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
+    grads = sorted(n for n in got if n.startswith("grad."))
+    # per layer: q/k/v B + A, o_proj A + B, gate/up B + A, down_proj A + B
+    assert grads == sorted(n for n in one_process_gpt if n.startswith("grad.")) and len(grads) == 2 * (4 + 2 + 3 + 2), grads
+    for name in grads:
+        want = one_process_gpt[name]
+        assert want.abs().max() > 0, name
+        assert (got[name] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), name
 
 
 @pytest.mark.parametrize("settings, message", [
