@@ -114,8 +114,9 @@ class LoRAAdapter(torch.nn.Module):
         raise NotImplementedError
 
     def _set_tp_attributes(self, sharded: torch.nn.Parameter, dim: int, replicated: torch.nn.Parameter) -> None:
-        """What megatron-core reads off a parameter: the sharded one counts once per TP rank in the gradient norm;
-        the replicated one, under sequence parallelism, has a per-chunk gradient to be summed over TP."""
+        """What megatron-core reads off a parameter: the gradient norm counts the sharded one on every TP rank (a
+        replicated one on the first only); the replicated one, under sequence parallelism, has a per-chunk gradient
+        to be summed over TP."""
         from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
         set_tensor_model_parallel_attributes(sharded, True, dim, 1)
