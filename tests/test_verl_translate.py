@@ -3,6 +3,7 @@ rlcore values; unknown and unsupported keys are refused in one line; verl's exam
 tests/data/verl) translate key for key and pass --dry-run with the parallel layout and offload settings they ask for;
 docs/coming-from-verl.md's table is the table's own rendering."""
 import json
+import os
 import re
 from pathlib import Path
 
@@ -76,6 +77,111 @@ def test_each_refused_key_names_why_and_the_closest_setting(row):
     assert f"closest rlcore setting: {row.closest}" in message
     for fine in row.accepts:    # the values that change nothing are listed as such
         assert translate([f"{_concrete(row.verl)}={json.dumps(fine)}"]).lines[0].status == IGNORED
+
+
+# Every key the Megatron examples of verl b178a3c set (examples/grpo_trainer/*megatron*.sh and
+# examples/ppo_trainer/*megatron*.sh, 22 scripts; '+' prefixes dropped): each has a row, its own or a wildcard's.
+VERL_MEGATRON_EXAMPLE_KEYS = """
+    actor_rollout_ref.actor.clip_ratio_c actor_rollout_ref.actor.clip_ratio_high
+    actor_rollout_ref.actor.clip_ratio_low actor_rollout_ref.actor.entropy_coeff
+    actor_rollout_ref.actor.kl_loss_coef actor_rollout_ref.actor.kl_loss_type
+    actor_rollout_ref.actor.loss_agg_mode actor_rollout_ref.actor.megatron.context_parallel_size
+    actor_rollout_ref.actor.megatron.dist_checkpointing_path
+    actor_rollout_ref.actor.megatron.expert_model_parallel_size
+    actor_rollout_ref.actor.megatron.expert_tensor_parallel_size actor_rollout_ref.actor.megatron.grad_offload
+    actor_rollout_ref.actor.megatron.optimizer_offload
+    actor_rollout_ref.actor.megatron.override_transformer_config.account_for_embedding_in_pipeline_split
+    actor_rollout_ref.actor.megatron.override_transformer_config.account_for_loss_in_pipeline_split
+    actor_rollout_ref.actor.megatron.override_transformer_config.apply_rope_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend
+    actor_rollout_ref.actor.megatron.override_transformer_config.bias_activation_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.bias_dropout_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.deallocate_pipeline_outputs
+    actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.masked_softmax_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_enable_deepep
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_permute_fusion
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_shared_expert_overlap
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type
+    actor_rollout_ref.actor.megatron.override_transformer_config.moe_z_loss_coeff
+    actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage
+    actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage
+    actor_rollout_ref.actor.megatron.override_transformer_config.persist_layer_norm
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method
+    actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers
+    actor_rollout_ref.actor.megatron.param_offload actor_rollout_ref.actor.megatron.pipeline_model_parallel_size
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+    actor_rollout_ref.actor.megatron.use_dist_checkpointing actor_rollout_ref.actor.megatron.use_mbridge
+    actor_rollout_ref.actor.megatron.vanilla_mbridge
+    actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size
+    actor_rollout_ref.actor.optim.clip_grad actor_rollout_ref.actor.optim.lr
+    actor_rollout_ref.actor.optim.lr_decay_style actor_rollout_ref.actor.optim.lr_warmup_steps
+    actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload
+    actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction
+    actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d
+    actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer
+    actor_rollout_ref.actor.optim.weight_decay actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu actor_rollout_ref.actor.ppo_mini_batch_size
+    actor_rollout_ref.actor.profiler.all_ranks actor_rollout_ref.actor.profiler.enable
+    actor_rollout_ref.actor.profiler.ranks actor_rollout_ref.actor.use_dynamic_bsz
+    actor_rollout_ref.actor.use_kl_loss actor_rollout_ref.actor.use_torch_compile
+    actor_rollout_ref.model.lora.alpha actor_rollout_ref.model.lora.lora_A_init_method
+    actor_rollout_ref.model.lora.rank
+    actor_rollout_ref.model.override_config.model_config.max_position_embeddings actor_rollout_ref.model.path
+    actor_rollout_ref.model.trust_remote_code actor_rollout_ref.model.use_fused_kernels
+    actor_rollout_ref.nccl_timeout actor_rollout_ref.ref.log_prob_max_token_len_per_gpu
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu actor_rollout_ref.ref.log_prob_use_dynamic_bsz
+    actor_rollout_ref.ref.megatron.context_parallel_size actor_rollout_ref.ref.megatron.dist_checkpointing_path
+    actor_rollout_ref.ref.megatron.expert_model_parallel_size
+    actor_rollout_ref.ref.megatron.expert_tensor_parallel_size actor_rollout_ref.ref.megatron.param_offload
+    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size
+    actor_rollout_ref.ref.megatron.tensor_model_parallel_size
+    actor_rollout_ref.ref.megatron.use_dist_checkpointing
+    actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size
+    actor_rollout_ref.rollout.calculate_log_probs
+    actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
+    actor_rollout_ref.rollout.enable_chunked_prefill actor_rollout_ref.rollout.enforce_eager
+    actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_max_tokens_ratio
+    actor_rollout_ref.rollout.engine_kwargs.trtllm.batch_wait_timeout_iters
+    actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache
+    actor_rollout_ref.rollout.free_cache_engine actor_rollout_ref.rollout.gpu_memory_utilization
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz actor_rollout_ref.rollout.max_num_batched_tokens
+    actor_rollout_ref.rollout.max_num_seqs actor_rollout_ref.rollout.mode actor_rollout_ref.rollout.n
+    actor_rollout_ref.rollout.name actor_rollout_ref.rollout.temperature
+    actor_rollout_ref.rollout.tensor_model_parallel_size actor_rollout_ref.rollout.top_k
+    actor_rollout_ref.rollout.top_p actor_rollout_ref.rollout.val_kwargs.do_sample
+    actor_rollout_ref.rollout.val_kwargs.n actor_rollout_ref.rollout.val_kwargs.temperature
+    actor_rollout_ref.rollout.val_kwargs.top_k actor_rollout_ref.rollout.val_kwargs.top_p
+    algorithm.adv_estimator algorithm.kl_ctrl.kl_coef algorithm.use_kl_in_reward
+    critic.megatron.context_parallel_size critic.megatron.dist_checkpointing_path
+    critic.megatron.expert_model_parallel_size critic.megatron.expert_tensor_parallel_size
+    critic.megatron.grad_offload critic.megatron.optimizer_offload critic.megatron.param_offload
+    critic.megatron.pipeline_model_parallel_size critic.megatron.tensor_model_parallel_size
+    critic.megatron.use_dist_checkpointing critic.model.path critic.model.trust_remote_code critic.optim.lr
+    critic.ppo_micro_batch_size_per_gpu critic.profiler.all_ranks critic.profiler.enable critic.profiler.ranks
+    data.filter_overlong_prompts data.max_prompt_length data.max_response_length data.prompt_key
+    data.return_raw_chat data.shuffle data.train_batch_size data.train_files data.truncation
+    data.trust_remote_code data.val_files global_profiler.global_tool_config.nsys.discrete global_profiler.steps
+    global_profiler.tool reward_model.reward_kwargs.max_resp_len
+    reward_model.reward_kwargs.overlong_buffer_cfg.enable reward_model.reward_kwargs.overlong_buffer_cfg.len
+    reward_model.reward_kwargs.overlong_buffer_cfg.log
+    reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor reward_model.reward_manager
+    trainer.critic_warmup trainer.default_local_dir trainer.experiment_name trainer.log_val_generations
+    trainer.logger trainer.n_gpus_per_node trainer.nnodes trainer.project_name trainer.resume_mode
+    trainer.save_freq trainer.test_freq trainer.total_epochs trainer.total_training_steps
+    trainer.val_before_train
+""".split()
+
+
+def test_every_key_of_verls_megatron_examples_has_a_row():
+    assert len(VERL_MEGATRON_EXAMPLE_KEYS) == 161
+    assert [k for k in VERL_MEGATRON_EXAMPLE_KEYS if lookup(k) is None] == []
 
 
 def test_an_unknown_verl_key_is_refused_with_a_did_you_mean():
@@ -248,3 +354,80 @@ def test_the_doc_table_is_generated_from_the_table():
         "docs/coming-from-verl.md is stale: run `python -m rlcore.verl.doc docs/coming-from-verl.md`"
     for row in TABLE:
         assert lookup(_concrete(row.verl)) is row
+
+
+# --- end to end -----------------------------------------------------------------------------------------------------
+
+def _gsm8k_job(tmp_path, chat_tokenizer):
+    """The tiny GSM8K job of tests/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a verl-style
+    compute_score that prefers short answers (a random model solves nothing; this gives the update a gradient)."""
+    from rlcore.cli import main
+    from rlcore.testing import tiny_checkpoint
+    from rlcore.testing.gsm8k import gsm8k_lines
+    from rlcore_model_qwen3.plugin import QWEN3
+
+    ckpt = tmp_path / "ckpt"
+    tiny_checkpoint(QWEN3, str(ckpt), vocab_size=len(chat_tokenizer), hidden_size=64, num_layers=2, num_heads=2,
+                    num_kv_heads=1, head_dim=32, ffn_hidden_size=128, max_position_embeddings=512,
+                    eos_token_id=chat_tokenizer.eos_token_id)
+    chat_tokenizer.save_pretrained(ckpt)
+    for split, count, offset in (("train", 24, 0), ("test", 6, 100)):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in gsm8k_lines(count, offset)))
+        assert main(["dataset", "gsm8k", str(tmp_path / f"{split}.jsonl"), str(tmp_path / f"{split}.parquet"),
+                     f"--split={split}"]) == 0
+    (tmp_path / "brevity.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):"
+                                         "\n    return -len(solution_str) / 200\n")
+    return ckpt
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    """Each step's metrics, less the ones that measure time."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not re.search(r"time|_s$|/s\b|per_s|throughput|seconds", k)}
+            for row in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_verl_gsm8k_command_line_runs_as_the_same_run_in_rlcore_keys(tmp_path, chat_tokenizer):
+    import subprocess
+    import sys
+
+    ckpt = _gsm8k_job(tmp_path, chat_tokenizer)
+    train, test, reward = tmp_path / "train.parquet", tmp_path / "test.parquet", tmp_path / "brevity.py"
+    verl = [  # as verl's examples/grpo_trainer scripts write them, at the fixture's size
+        "algorithm.adv_estimator=grpo", f"data.train_files={train}", f"data.val_files=['{test}']",
+        "data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=48",
+        "data.filter_overlong_prompts=True", "data.truncation='error'", f"actor_rollout_ref.model.path={ckpt}",
+        "actor_rollout_ref.actor.megatron.dtype=float32", "actor_rollout_ref.actor.optim.lr=1e-4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "algorithm.use_kl_in_reward=False", f"custom_reward_function.path={reward}", "trainer.critic_warmup=0",
+        "trainer.logger=['console']", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.test_freq=-1",
+        "trainer.total_training_steps=3"]
+    rlcore_keys = [
+        "algorithm.name=grpo", "task.name=dataset", f"task.options.train_files=[{train}]",
+        f"task.options.val_files=[{test}]", "trainer.prompts_per_step=4", "task.options.max_prompt_len=512",
+        "rollout.max_response_len=48", f"model.path={ckpt}", "actor.dtype=float32", "actor.optim.lr=1e-4",
+        "actor.mini_batches=2", "actor.micro_batch_size=8", "algorithm.kl_coef=0.01", "algorithm.kl_estimator=k3",
+        "actor.entropy_coef=0", "rollout.backend=vllm", "rollout.n=4", "rollout.tp=1",
+        f"task.reward_fn={reward}:compute_score", "critic.warmup_steps=0", "trainer.loggers=[console,jsonl]",
+        "trainer.devices_per_node=1", "trainer.world_size=1", "trainer.eval_every=0", "trainer.steps=3"]
+    runs = {}
+    for name, flags, args in (("verl", ["--verl"], verl), ("rlcore", [], rlcore_keys)):
+        run_dir = tmp_path / name
+        result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *flags,
+                                 "quickstart", *args, "run.progress=false", f"run.dir={run_dir}"],
+                                capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-4000:]
+        runs[name] = _metrics(run_dir)
+    assert [row["step"] for row in runs["verl"]] == [1, 2, 3]
+    assert runs["verl"] == runs["rlcore"]
+    assert all(row["actor/grad_norm"] > 0 and row["reward/compute_score/mean"] < 0 and row["actor/kl_ref"] > 0
+               for row in runs["verl"])                  # the file's compute_score scored it; the KL loss is on
+    saved = (tmp_path / "verl" / "verl_translation.txt").read_text()
+    assert saved.startswith(f"verl keys: {len(verl)} ") and "task.reward_fn=" in saved
+    assert len(json.loads((tmp_path / "verl" / "verl_translation.json").read_text())) == len(verl)

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import warnings
 
 
@@ -62,11 +63,12 @@ def cmd_run(args) -> int:
     from rlcore.run import Run
 
     torch.set_num_threads(1)
-    run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
-    if translation is not None:
+    if translation is not None:                    # saved beside the run's config, so its directory is named now
         from rlcore.verl.command import save
 
-        save(translation, run.run_dir)
+        cfg.run.dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        save(translation, cfg.run.dir)
+    run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
     try:
         summary = run.train()
     except WorkerDied as e:

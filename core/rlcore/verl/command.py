@@ -32,6 +32,7 @@ def summary(translation: Translation) -> str:
 
 def save(translation: Translation, run_dir: str) -> None:
     """The translation next to the run's config: as printed, and as JSON."""
+    os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, SAVED_AS[0]), "w", encoding="utf-8") as f:
         f.write(summary(translation) + "\n")
     with open(os.path.join(run_dir, SAVED_AS[1]), "w", encoding="utf-8") as f:
