@@ -98,10 +98,11 @@ def test_a_layout_the_model_cannot_split_is_refused_as_the_dry_run_refuses_it(fo
     args = ["--plugins=qwen3,grpo,vllm", f"model.path={four_heads}", "actor.parallel.tp=3", "trainer.world_size=3",
             f"run.dir={tmp_path / 'run'}"]
     problems = ["attention heads = 4 is not divisible by actor.parallel.tp = 3",
-                "query groups (KV heads) = 2 is not divisible by actor.parallel.tp = 3"]
+                "query groups (KV heads) = 2 is not divisible by actor.parallel.tp = 3",
+                "actor.parallel.tp values that divide every size it splits: 1, 2"]
     assert error_lines(rlcore("run", *args)) == [
-        f"rlcore: error: the layout does not fit the model: {'; '.join(problems)}: choose parallel sizes that divide "
-        "them (rlcore run --dry-run checks a layout without starting anything)"]
+        f"rlcore: error: the layout does not fit the model: {'; '.join(problems)} (rlcore run --dry-run checks a "
+        "layout without starting anything)"]
     dry = rlcore("run", "--dry-run", *args)
     assert error_lines(dry) == ["rlcore: error: the layout does not fit the model:"]
     assert dry.stderr.splitlines()[-len(problems):] == [f"  - {p}" for p in problems]
@@ -113,6 +114,19 @@ def test_a_response_budget_the_context_cannot_hold_is_refused_before_workers_sta
     args = ["--plugins=qwen3,grpo,vllm", f"model.path={four_heads}", "rollout.max_response_len=32"]
     assert error_lines(rlcore("run", *args, f"run.dir={tmp_path / 'run'}")) == expected
     assert error_lines(rlcore("run", "--dry-run", *args)) == expected
+
+
+def test_the_tiny_models_checks_come_before_its_warm_start(tmp_path):
+    """The quickstart builds its model and warm-starts it (a minute or more on a cache miss): a run that would be
+    refused is refused first, leaving nothing in the cache."""
+    cache = tmp_path / "cache"
+    result = rlcore("run", "--plugins=qwen3,grpo,vllm", "actor.parallel.pp=3", "trainer.world_size=3",
+                    f"warm_start.cache_dir={cache}", f"run.dir={tmp_path / 'run'}")
+    assert error_lines(result) == [
+        "rlcore: error: the layout does not fit the model: 4 layers do not split evenly over actor.parallel.pp = 3 "
+        "stages: choose pp dividing 4, or set actor.parallel.last_stage_layers (rlcore run --dry-run checks a layout "
+        "without starting anything)"]
+    assert list(cache.iterdir()) == []
 
 
 def test_one_train_file_as_verl_gives_it_and_its_longest_prompt_is_checked_against_the_context(four_heads, tmp_path):

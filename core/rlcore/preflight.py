@@ -35,8 +35,8 @@ def check_layout(cfg: Config, spec: "ModelSpec", hf_config: dict[str, Any]) -> N
 
     problems = layout_problems(cfg, spec, hf_config)
     if problems:
-        raise ConfigError(f"the layout does not fit the model: {'; '.join(problems)}: choose parallel sizes that "
-                          f"divide them (rlcore run --dry-run checks a layout without starting anything)")
+        raise ConfigError(f"the layout does not fit the model: {'; '.join(problems)} (rlcore run --dry-run checks a "
+                          f"layout without starting anything)")
 
 
 def check_context(cfg: Config, hf_config: dict[str, Any], task: "Task | None" = None) -> None:

@@ -86,14 +86,14 @@ class Run:
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
         self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
                                          cfg.trainer.checkpoint_async)
-        self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards)
+        self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards, check=self._check_model)
         hf_config = read_hf_config(self.model_path)
         try:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         check_rollout_backend(cfg, self.plugins.registry, hf_config)
-        check_layout(cfg, self.spec, hf_config)
+        self._check_model(hf_config)
         self.hf_config = hf_config
         if self.resume_from:
             checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),
@@ -130,6 +130,12 @@ class Run:
                 self.close_loggers()
                 raise
             self.loggers.append(logger)
+
+    def _check_model(self, hf_config: dict) -> None:
+        """What the model must allow before anything slow starts: the layout (the dry run's check), and room for a
+        response in its context (the longest prompt is checked once the task has rendered them)."""
+        check_layout(self.cfg, self.spec, hf_config)
+        check_context(self.cfg, hf_config)
 
     @property
     def workers(self) -> WorkerGroup:

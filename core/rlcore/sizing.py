@@ -13,6 +13,7 @@ stage. Activations, the rollout engine's weights and KV cache come on top.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -71,6 +72,10 @@ def divisibility_problems(config, cfg: Config) -> list[str]:
         splits.append(("experts", config.num_moe_experts, "ep", p.ep))
     problems += [f"{what} = {n} is not divisible by actor.parallel.{key} = {size}" for what, n, key, size in splits
                  if n % size]
+    for key in dict.fromkeys(key for _, n, key, size in splits if n % size):      # what to choose instead
+        common = math.gcd(*(n for _, n, k, _ in splits if k == key))
+        problems.append(f"actor.parallel.{key} values that divide every size it splits: "
+                        f"{', '.join(str(d) for d in range(1, common + 1) if common % d == 0)}")
     return problems
 
 

@@ -41,9 +41,11 @@ def _cache_key(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score) -> str:
+def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
+                  check: Callable[[dict], None] | None = None) -> str:
     """Return an HF checkpoint directory to start RL from (building and caching it when needed). ``score``: the
-    run's rewards (texts, metadata) -> Scores, which measure the warm start's held-out accuracy."""
+    run's rewards (texts, metadata) -> Scores, which measure the warm start's held-out accuracy. ``check``: called
+    with a model it builds before the warm start (minutes), so that a run it would refuse is refused first."""
     if cfg.model.path:
         return os.path.expanduser(cfg.model.path)
     if spec.tiny_hf_config is None:
@@ -60,6 +62,12 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score) -> str
 
     vocab = task.write_tokenizer(tmp)
     hf_config = spec.tiny_hf_config(vocab_size=vocab, **dataclasses.asdict(cfg.model.tiny))
+    if check is not None:
+        try:
+            check(hf_config)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
     with torch.random.fork_rng():         # the run's seed fixes the initial weights, the driver's RNG is untouched
