@@ -327,6 +327,22 @@ def test_published_examples_translate_and_pass_the_dry_run(name, registry, tmp_p
             (want["world"], "hybrid_adam", want["hybrid"])
 
 
+def test_the_verl_recipes_in_configs_are_the_translations_and_pass_the_dry_run(registry):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verl_recipes", ROOT / "scripts" / "verl_recipes.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    recipes = module.recipes()
+    assert sorted(p.name for p in recipes) == sorted(p.name for p in (ROOT / "configs").glob("verl-*.yaml"))
+    for path, text in recipes.items():
+        assert path.read_text() == text, f"{path.name} is stale: run python scripts/verl_recipes.py"
+        cfg = load_config(path.stem)                          # by name, as a preset
+        problems, _ = dry_run(cfg, registry.get("models", cfg.model.family))
+        assert not problems, (path.name, problems)
+
+
 def test_translate_command_writes_yaml_that_the_dry_run_accepts(tmp_path, monkeypatch, capsys):
     from rlcore.cli import main
 

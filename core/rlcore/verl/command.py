@@ -39,8 +39,10 @@ def save(translation: Translation, run_dir: str) -> None:
         json.dump(translation.to_json(), f, indent=1)
 
 
-def translate_script(path: str, registry, env: dict[str, str] | None = None) -> tuple[str, Translation, list[str]]:
-    """A verl script -> (rlcore YAML, translation, notes on what the shell reader did not run)."""
+def translate_script(path: str, registry, env: dict[str, str] | None = None,
+                     header: tuple[str, ...] = ()) -> tuple[str, Translation, list[str]]:
+    """A verl script -> (rlcore YAML, translation, notes on what the shell reader did not run); ``header``: comment
+    lines for the top of the YAML."""
     from rlcore.errors import ConfigError
     from rlcore.verl.recipe import to_yaml
     from rlcore.verl.script import read_script
@@ -53,7 +55,7 @@ def translate_script(path: str, registry, env: dict[str, str] | None = None) -> 
     script = read_script(text, dict(os.environ) if env is None else env, source=path)
     translation = translate(script.overrides, families_of(registry))
     title = f"from {os.path.basename(path)} (verl --config-name={script.config_name})"
-    return to_yaml(translation, title), translation, script.notes
+    return to_yaml(translation, title, header), translation, script.notes
 
 
 def cmd_translate(args) -> int:

@@ -57,8 +57,8 @@ def model(values, given, overrides, families) -> dict[str, Line]:
         if bundled is None:
             return {key: ok(key, path, {"model.path": path}, "not on this machine: the run will say so")}
         hf = bundled
-        target, note = {"model.hf_config": name}, (f"not on this machine: sizes from the bundled {name} config "
-                                                  f"for --dry-run; set model.path to train")
+        target, note = {"model.hf_config": name}, (f"not found here: sizes from the bundled {name} config for "
+                                                  f"--dry-run; set model.path to train")
     arch = (hf.get("architectures") or ["?"])[0]
     found = families(arch) if families else []
     named = [f for f in found if f.replace("_", "-") in os.path.basename(path.rstrip("/")).lower()]

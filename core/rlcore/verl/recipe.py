@@ -11,7 +11,7 @@ from rlcore.verl.translate import Translation
 SECTION_ORDER = ("run", "model", "actor", "critic", "rollout", "agent", "task", "algorithm", "trainer")
 
 
-def to_yaml(translation: Translation, title: str) -> str:
+def to_yaml(translation: Translation, title: str, notes: tuple[str, ...] = ()) -> str:
     origin: dict[str, list[str]] = {}
     for line in translation.lines:
         for key in line.rlcore:
@@ -23,8 +23,8 @@ def to_yaml(translation: Translation, title: str) -> str:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    out = [f"# {title}", "# Translated from verl by `rlcore verl translate`; check it with `rlcore run --dry-run <this "
-           "file>`."]
+    out = [f"# {title}", *(f"# {note}" for note in notes),
+           "# Translated from verl by `rlcore verl translate`; check it with `rlcore run --dry-run <this file>`."]
     for line in translation.lines:
         if "model.hf_config" in line.rlcore:
             out.append(f"# model.path: {line.value}   ({line.note})")

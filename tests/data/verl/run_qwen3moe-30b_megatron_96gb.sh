@@ -1,4 +1,4 @@
-# Test input, unchanged below this line: verl's examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh at commit b178a3cd56f58b2d502255daba591e92833930a7 (github.com/volcengine/verl, Apache-2.0)
+# Source: verl's examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh at commit b178a3cd56f58b2d502255daba591e92833930a7 (github.com/volcengine/verl, Apache-2.0), unchanged below this line
 set -x
 
 # tested in NNODES=1~4 * 96G H20 GPU
