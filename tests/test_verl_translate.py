@@ -327,6 +327,39 @@ def test_published_examples_translate_and_pass_the_dry_run(name, registry, tmp_p
             (want["world"], "hybrid_adam", want["hybrid"])
 
 
+# verl's docs/perf/dpsk.md (b178a3c): the environment variables its tables recommend per GPU count for the three MoE
+# scripts (num gpus: NNODES, TP, PP, EP, OFFLOAD_FRACTION, OFFLOAD_OPTIM, LAST_LAYER). The Qwen3-235B script reads
+# OPTIM_OFFLOAD (the table says OFFLOAD_OPTIM) and places its layers by account_for_*_in_pipeline_split, not
+# LAST_LAYER; the Qwen3-30B script reads COMMON_TP/PP/EP.
+DOCUMENTED = [
+    *[("run_deepseek671b_math_megatron_96gb.sh", f"deepseek-v3-671b-{g}gpu",
+       dict(NNODES=n, TP=tp, PP=pp, EP=ep, OFFLOAD_FRACTION=f, OFFLOAD_OPTIM=o, LAST_LAYER=last))
+      for g, n, tp, pp, ep, f, o, last in [(96, 12, 8, 12, 8, "1.", "False", 6), (128, 16, 8, 16, 8, "0.5", "True", 1),
+                                           (256, 32, 8, 16, 8, "0.", "True", 1), (512, 64, 1, 16, 32, "0", "True", 1)]],
+    *[("run_qwen3-235b_megatron_96gb.sh", f"qwen3-235b-a22b-{g}gpu",
+       dict(NNODES=n, TP=4, PP=8, EP=4, OFFLOAD_FRACTION=f, OPTIM_OFFLOAD=o, LAST_LAYER=6))
+      for g, n, f, o in [(32, 4, "1.", "False"), (64, 8, "0.5", "True"), (128, 16, "0", "True"), (256, 32, "0", "True")]],
+    *[("run_qwen3moe-30b_megatron_96gb.sh", f"qwen3-30b-a3b-{g}gpu",
+       dict(NNODES=n, COMMON_TP=1, COMMON_PP=1, COMMON_EP=8, OFFLOAD_FRACTION="1."))
+      for g, n in [(8, 1), (16, 2), (32, 4)]],
+]
+
+
+@pytest.mark.parametrize("script, preset, env", DOCUMENTED, ids=[d[1] for d in DOCUMENTED])
+def test_verls_documented_layouts_translate_to_our_presets_layouts(script, preset, env, registry, tmp_path):
+    text, _, _ = translate_script(str(EXAMPLES / script), registry, env={**ENV, **{k: str(v) for k, v in env.items()}})
+    (tmp_path / "verl.yaml").write_text(text)
+    ours, theirs = load_config(str(tmp_path / "verl.yaml")), load_config(preset)
+
+    def layout(cfg):
+        p, o = cfg.actor.parallel, cfg.actor.offload
+        return (cfg.trainer.world_size, p.tp, p.pp, p.ep, p.cp, p.sp, p.last_stage_layers, cfg.actor.optim.name,
+                cfg.actor.optim.offload_fraction, o.params, o.grads, o.optimizer, cfg.actor.dtype)
+
+    assert layout(ours) == layout(theirs)
+    assert not dry_run(ours, registry.get("models", ours.model.family))[0]
+
+
 def test_the_verl_recipes_in_configs_are_the_translations_and_pass_the_dry_run(registry):
     import importlib.util
 
