@@ -28,18 +28,29 @@ def warm_start_cache(tmp_path_factory):
     itself is not shared: rlcore publishes an entry it has built by removing any entry of the same settings and
     renaming its own into place, so two workers building the same settings at once would remove one from under the
     other's runs."""
+    return _warm_start_cache(tmp_path_factory, "quickstart")
+
+
+@pytest.fixture(scope="session")
+def tool_warm_start_cache(tmp_path_factory):
+    """The same for the tool-calculator preset, whose starting checkpoint has settings (and so a cache entry) of its
+    own: its task, tokenizer, context and warm start."""
+    return _warm_start_cache(tmp_path_factory, "tool-calculator")
+
+
+def _warm_start_cache(tmp_path_factory, preset: str) -> Path:
     from filelock import FileLock
 
-    shared = shared_tmp(tmp_path_factory) / "warm_start_quickstart"
+    shared = shared_tmp(tmp_path_factory) / f"warm_start_{preset}"
     with FileLock(f"{shared}.lock"):
-        built = _prepare_quickstart_model(shared)
-    cache = tmp_path_factory.mktemp("warm_start_cache")
+        built = _prepare_model(preset, shared)
+    cache = tmp_path_factory.mktemp(f"warm_start_cache_{preset}")
     shutil.copytree(built, cache / os.path.basename(built))
     return cache
 
 
-def _prepare_quickstart_model(cache) -> str:
-    """The quickstart's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path."""
+def _prepare_model(preset: str, cache) -> str:
+    """The preset's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path."""
     import torch
 
     from rlcore.config import load_config
@@ -47,7 +58,7 @@ def _prepare_quickstart_model(cache) -> str:
     from rlcore.rewards import build_rewards
     from rlcore.warm_start import prepare_model
 
-    cfg = load_config("quickstart", [f"warm_start.cache_dir={cache}"])
+    cfg = load_config(preset, [f"warm_start.cache_dir={cache}"])
     registry = load_plugins(["qwen3", "grpo", "vllm"]).registry
     task_spec = registry.get("tasks", cfg.task.name)
     task = task_spec.build(dict(cfg.task.options), cfg.run.seed)

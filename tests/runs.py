@@ -13,12 +13,12 @@ STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def rlcore_run(run_dir, warm_start_cache, *extra):
-    """The quickstart for a few steps with checkpoints (``extra``: overrides), or ``--resume`` of ``run_dir``."""
-    command = [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,ppo,vllm"]
+def rlcore_run(run_dir, warm_start_cache, *extra, preset="quickstart", plugins="qwen3,grpo,ppo,vllm"):
+    """A preset for a few steps with checkpoints (``extra``: overrides), or ``--resume`` of ``run_dir``."""
+    command = [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}"]
     if extra[:1] == ("--resume",):
         return command + ["--resume", str(run_dir)]
-    return command + ["quickstart", f"trainer.steps={STEPS}", f"trainer.save_every={EVERY}", "trainer.eval_every=4",
+    return command + [preset, f"trainer.steps={STEPS}", f"trainer.save_every={EVERY}", "trainer.eval_every=4",
                       "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
 
 
@@ -67,8 +67,13 @@ def logged(run_dir):
         return [json.loads(line) for line in f if line.endswith("\n")]
 
 
+# What a run reads off the clock, which no two runs share: the phases' times, and the seconds tools took (summed over
+# the step's calls, each timed from its start on the agent's threads or loop to its result).
+WALL_CLOCK = ("time/", "agent/tool_seconds")
+
+
 def without_timings(history):
-    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+    return [{k: v for k, v in h.items() if not k.startswith(WALL_CLOCK)} for h in history]
 
 
 def ray_workers(driver_pid: int, actor_class: str) -> list[psutil.Process]:
