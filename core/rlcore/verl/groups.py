@@ -171,12 +171,16 @@ def count_rows(files: list[str]) -> int | None:
 
 
 def warmup(section: str) -> Group:
+    """verl steps its LR scheduler once per training step, rlcore once per optimizer update: verl's warm-up of N
+    steps is N x mini_batches x epochs updates here."""
     def translate(values, given, overrides, families) -> dict[str, Line]:
         key, ratio_key = f"{_verl(section)}.optim.lr_warmup_steps", f"{_verl(section)}.optim.lr_warmup_steps_ratio"
         out = {}
         n = _checked(_int, key, values.get(key, -1))
+        per_step = overrides.get(f"{section}.mini_batches", 1) * overrides.get(f"{section}.epochs", 1)
         if key in values and n >= 0:
-            out[key] = ok(key, n, {f"{section}.optim.lr_warmup_steps": n})
+            out[key] = ok(key, n, {f"{section}.optim.lr_warmup_steps": n * per_step},
+                          f"{n} steps x {per_step} updates a step" if per_step > 1 else "")
         elif key in values:
             out[key] = unused(key, n, "-1: the warm-up is lr_warmup_steps_ratio's")
         if ratio_key in values:
@@ -190,10 +194,9 @@ def warmup(section: str) -> Group:
                 out[ratio_key] = no(ratio_key, ratio, "the run's length is not known here (give "
                                                       "trainer.total_training_steps), so the ratio has no count")
             else:
-                mini = overrides.get(f"{section}.mini_batches", 1)
-                count = int(ratio * updates * mini)
-                out[ratio_key] = ok(ratio_key, ratio, {f"{section}.optim.lr_warmup_steps": count},
-                                    f"{ratio} x {updates * mini} updates")
+                steps = int(ratio * updates)                 # verl: of the run's steps, rounded down
+                out[ratio_key] = ok(ratio_key, ratio, {f"{section}.optim.lr_warmup_steps": steps * per_step},
+                                    f"{steps} steps x {per_step} updates a step")
         return out
     return translate
 
@@ -307,14 +310,13 @@ def _num_layers(overrides: dict[str, Any]) -> int | None:
 def hybrid(section: str) -> Group:
     def translate(values, given, overrides, families) -> dict[str, Line]:
         occ = f"{_verl(section)}.optim.override_optimizer_config"
-        frac_key, on_keys = f"{occ}.optimizer_offload_fraction", (f"{occ}.optimizer_cpu_offload",
-                                                                  f"{occ}.use_hybrid_optimizer")
-        on = any(_checked(_bool, k, values[k]) for k in on_keys if k in values)
-        fraction = _checked(_float, frac_key, values.get(frac_key, 1.0))
+        frac_key, on_key = f"{occ}.optimizer_offload_fraction", f"{occ}.optimizer_cpu_offload"
+        on = _checked(_bool, on_key, values.get(on_key, False))
+        fraction = _checked(_float, frac_key, values.get(frac_key, 0.0))      # megatron-core's defaults
         target = ({f"{section}.optim.name": "hybrid_adam", f"{section}.optim.offload_fraction": fraction}
                   if on and fraction > 0 else {})
         out = {}
-        for key in (frac_key, *on_keys):
+        for key in (frac_key, on_key):
             if key not in values:
                 continue
             if target:
@@ -508,6 +510,25 @@ def rejection(values, given, overrides, families) -> dict[str, Line]:
     return out
 
 
+def resume(values, given, overrides, families) -> dict[str, Line]:
+    mode_key, path_key = "trainer.resume_mode", "trainer.resume_from_path"
+    mode = _checked(_str, mode_key, given.get(mode_key, "auto"))
+    path = given.get(path_key)
+    out = {}
+    if mode not in ("auto", "disable", "resume_path"):
+        out[mode_key] = no(mode_key, mode, "use auto, disable or resume_path")
+    elif mode == "resume_path" and not path:
+        out[mode_key] = no(mode_key, mode, "it needs trainer.resume_from_path")
+    else:
+        target = {"trainer.resume": {"auto": "auto", "disable": ""}.get(mode, path)}
+        if mode_key in values:
+            out[mode_key] = ok(mode_key, mode, target)
+        if path_key in values:
+            out[path_key] = ok(path_key, path, target) if mode == "resume_path" else unused(
+                path_key, path, "used only with resume_mode=resume_path")
+    return out
+
+
 # in order: data and model first, the batch before the steps it divides, the steps before warm-up ratios
 GROUPS: dict[str, Group] = {
     "data": data, "model": model, "batch": batch, "world": world, "steps": steps,
@@ -515,5 +536,5 @@ GROUPS: dict[str, Group] = {
         ("tp", tensor_parallel), ("warmup", warmup), ("recompute", recompute), ("stages", stages),
         ("hybrid", hybrid), ("tokens", tokens))},
     "clip": clip, "kl": kl, "ref_layout": ref_layout, "eval": evaluation, "reward_fn": reward_fn,
-    "overlong": overlong, "rs": rejection,
+    "overlong": overlong, "rs": rejection, "resume": resume,
 }

@@ -205,7 +205,10 @@ def optim_rows(verl: str, section: str) -> list[Key]:
         mapped(f"{o}.clip_grad", f"{to}.clip_grad", one(_float), "gradient-norm clip",
                ("1.0", {f"{to}.clip_grad": 1.0})),
         grouped(f"{o}.lr_warmup_steps", f"{section}_warmup", (f"{to}.lr_warmup_steps",),
-                "updates of linear warm-up (-1: use lr_warmup_steps_ratio)", ("10", {f"{to}.lr_warmup_steps": 10})),
+                "steps of linear warm-up (-1: use lr_warmup_steps_ratio); verl steps its LR once a step, rlcore once "
+                "an update, so it counts N x mini_batches x epochs updates",
+                ("10", {f"{to}.lr_warmup_steps": 40}), needs=("data.train_batch_size=1024",
+                                                           f"{verl}.ppo_mini_batch_size=256")),
         grouped(f"{o}.lr_warmup_steps_ratio", f"{section}_warmup", (f"{to}.lr_warmup_steps",),
                 "warm-up as a share of the run's optimizer updates (needs trainer.total_training_steps, or "
                 "total_epochs with the training files on this machine)",
@@ -232,9 +235,9 @@ def optim_rows(verl: str, section: str) -> list[Key]:
                 needs=(f"+{occ}.optimizer_cpu_offload=True",)),
         grouped(f"{occ}.optimizer_cpu_offload", f"{section}_hybrid", (f"{to}.name", f"{to}.offload_fraction"),
                 "True: the hybrid CPU/GPU optimizer (hybrid_adam) with optimizer_offload_fraction (Megatron's "
-                "default 1.0)", ("True", {f"{to}.name": "hybrid_adam", f"{to}.offload_fraction": 1.0})),
-        grouped(f"{occ}.use_hybrid_optimizer", f"{section}_hybrid", (f"{to}.name", f"{to}.offload_fraction"),
-                "the same switch as optimizer_cpu_offload", None),
+                "default 0: nothing offloaded, so no effect alone)",
+                ("True", {f"{to}.name": "hybrid_adam", f"{to}.offload_fraction": 0.5}),
+                needs=(f"+{occ}.optimizer_offload_fraction=0.5",)),
         ignored(f"{occ}.overlap_cpu_optimizer_d2h_h2d", "a transfer-overlap switch of the hybrid optimizer; "
                 "rlcore's hybrid_adam copies between steps"),
         ignored(f"{occ}.use_precision_aware_optimizer", "with fp32 state (Megatron's default dtypes) the optimizer "
@@ -416,8 +419,7 @@ TABLE: list[Key] = [
             closest="rollout.kv_cache_gib"),
     ignored(f"{R}.mode", "verl's sync/async engine server; rlcore's colocated engine serves the same batch "
             "(rlcore's async training is trainer.mode=async)", closest="trainer.mode"),
-    refused(f"{R}.calculate_log_probs", "rlcore always keeps the engine's log-probs", "actor.old_logprobs",
-            accepts=(True, False)),
+    ignored(f"{R}.calculate_log_probs", "rlcore always keeps the engine's log-probs", closest="actor.old_logprobs"),
     grouped(f"{R}.val_kwargs.temperature", "eval", ("trainer.eval_temperature",),
             "held-out sampling temperature, with val_kwargs.do_sample=True (greedy otherwise, as in verl)",
             ("0.6", {"trainer.eval_temperature": 0.6}), needs=(f"{R}.val_kwargs.do_sample=True",)),
@@ -583,12 +585,13 @@ TABLE: list[Key] = [
            ("3", {"trainer.keep_checkpoints": 3})),
     mapped("trainer.default_local_dir", "run.dir", one(_str), "where the run (its checkpoints too) goes",
            ("/ckpt/run", {"run.dir": "/ckpt/run"})),
-    mapped("trainer.resume_mode", "trainer.resume", choice({"auto": "auto", "disable": "", "resume_path": "latest"},
-                                                           "trainer.resume"),
-           "auto: continue from the newest checkpoint if any; disable: start fresh", ("auto",
-                                                                                      {"trainer.resume": "auto"})),
-    mapped("trainer.resume_from_path", "trainer.resume", one(_str), "a checkpoint directory",
-           ("/ckpt/run/checkpoints/step_10", {"trainer.resume": "/ckpt/run/checkpoints/step_10"})),
+    grouped("trainer.resume_mode", "resume", ("trainer.resume",), "auto: continue from the run directory's newest "
+            "checkpoint if any; disable: start fresh; resume_path: from resume_from_path",
+            ("auto", {"trainer.resume": "auto"})),
+    grouped("trainer.resume_from_path", "resume", ("trainer.resume",), "a checkpoint directory, with "
+            "resume_mode=resume_path", ("/ckpt/run/checkpoints/step_10",
+                                        {"trainer.resume": "/ckpt/run/checkpoints/step_10"}),
+            needs=("trainer.resume_mode=resume_path",)),
     mapped("trainer.critic_warmup", "critic.warmup_steps", one(_int), "steps training only the critic",
            ("5", {"critic.warmup_steps": 5})),
     mapped("trainer.logger", "trainer.loggers", lambda v: (["console", "jsonl"],),
