@@ -25,9 +25,12 @@ def recipes() -> dict[Path, str]:
     registry = load_plugins(["qwen3", "deepseek", "qwen2", "llama"]).registry
     out = {}
     for script in sorted(SOURCES.glob("*.sh")):
-        source = script.read_text().splitlines()[0].removeprefix("# Source: ").removesuffix(", unchanged below this line")
+        first = script.read_text().splitlines()[0]
+        source = first.removeprefix("# Source: ").removesuffix(", unchanged below this line")
         name = script.stem.removeprefix("run_").replace("_", "-")
-        header = (f"Translated from {source}.", f"Regenerate with `python scripts/verl_recipes.py` ($HOME as ~; {', '.join(f'{k}={v}' for k, v in ENV.items() if k != 'HOME')}).",
+        given = ", ".join(f"{k}={v}" for k, v in ENV.items() if k != "HOME")
+        header = (f"Translated from {source}.",
+                  f"Regenerate with `python scripts/verl_recipes.py` ($HOME as ~; {given}).",
                   f"Check it: rlcore run --dry-run verl-{name}. Train: set model.path (and the data files) first.")
         text, _, _ = translate_script(str(script), registry, env=ENV, header=header)
         out[CONFIGS / f"verl-{name}.yaml"] = text

@@ -338,7 +338,8 @@ DOCUMENTED = [
                                            (256, 32, 8, 16, 8, "0.", "True", 1), (512, 64, 1, 16, 32, "0", "True", 1)]],
     *[("run_qwen3-235b_megatron_96gb.sh", f"qwen3-235b-a22b-{g}gpu",
        dict(NNODES=n, TP=4, PP=8, EP=4, OFFLOAD_FRACTION=f, OPTIM_OFFLOAD=o, LAST_LAYER=6))
-      for g, n, f, o in [(32, 4, "1.", "False"), (64, 8, "0.5", "True"), (128, 16, "0", "True"), (256, 32, "0", "True")]],
+      for g, n, f, o in [(32, 4, "1.", "False"), (64, 8, "0.5", "True"), (128, 16, "0", "True"),
+                         (256, 32, "0", "True")]],
     *[("run_qwen3moe-30b_megatron_96gb.sh", f"qwen3-30b-a3b-{g}gpu",
        dict(NNODES=n, COMMON_TP=1, COMMON_PP=1, COMMON_EP=8, OFFLOAD_FRACTION="1."))
       for g, n in [(8, 1), (16, 2), (32, 4)]],
@@ -453,7 +454,8 @@ def test_a_verl_gsm8k_command_line_runs_as_the_same_run_in_rlcore_keys(tmp_path,
         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
         "algorithm.use_kl_in_reward=False", f"custom_reward_function.path={reward}", "trainer.critic_warmup=0",
         "trainer.logger=['console']", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.test_freq=-1",
         "trainer.total_training_steps=3"]

@@ -8,7 +8,8 @@ import math
 import os
 from typing import Any, Callable
 
-from rlcore.verl.keys import ARR, IGNORED, REFUSED, TRANSLATED, Refused, _bool, _float, _int, _paths, _str
+from rlcore.verl.keys import (ARR, IGNORED, REFUSED, TRANSLATED, Refused, as_bool, as_float, as_int, as_paths,
+                              as_str)
 from rlcore.verl.translate import Line
 
 A = f"{ARR}.actor"
@@ -41,13 +42,13 @@ def data(values, given, overrides, families) -> dict[str, Line]:
     for key, option in (("data.train_files", "train_files"), ("data.val_files", "val_files")):
         if key in values:
             out[key] = ok(key, values[key], {"task.name": "dataset",
-                                             f"task.options.{option}": _checked(_paths, key, values[key])})
+                                             f"task.options.{option}": _checked(as_paths, key, values[key])})
     return out
 
 
 def model(values, given, overrides, families) -> dict[str, Line]:
     key = f"{ARR}.model.path"
-    path = _checked(_str, key, values[key])
+    path = _checked(as_str, key, values[key])
     local = os.path.join(os.path.expanduser(path), "config.json")
     if os.path.isfile(local):
         target, note = {"model.path": path}, "the checkpoint"
@@ -98,11 +99,11 @@ def batch(values, given, overrides, families) -> dict[str, Line]:
     out = {}
     prompts = given.get("data.train_batch_size", 1024)           # verl's default
     if "data.train_batch_size" in values:
-        prompts = _checked(_int, "data.train_batch_size", prompts)
+        prompts = _checked(as_int, "data.train_batch_size", prompts)
         out["data.train_batch_size"] = ok("data.train_batch_size", prompts, {"trainer.prompts_per_step": prompts})
     for key, section in ((f"{A}.ppo_mini_batch_size", "actor"), ("critic.ppo_mini_batch_size", "critic")):
         if key in values:
-            mini = _checked(_int, key, values[key])
+            mini = _checked(as_int, key, values[key])
             if mini < 1 or prompts % mini:
                 out[key] = no(key, mini, f"data.train_batch_size = {prompts} is not a multiple of it (rlcore "
                                          f"updates {section}.mini_batches times on equal shares of a batch)")
@@ -113,8 +114,8 @@ def batch(values, given, overrides, families) -> dict[str, Line]:
 
 
 def world(values, given, overrides, families) -> dict[str, Line]:
-    per_node = _checked(_int, "trainer.n_gpus_per_node", given.get("trainer.n_gpus_per_node", 8))
-    nodes = _checked(_int, "trainer.nnodes", given.get("trainer.nnodes", 1))
+    per_node = _checked(as_int, "trainer.n_gpus_per_node", given.get("trainer.n_gpus_per_node", 8))
+    nodes = _checked(as_int, "trainer.nnodes", given.get("trainer.nnodes", 1))
     out = {}
     if "trainer.n_gpus_per_node" in values:
         out["trainer.n_gpus_per_node"] = ok("trainer.n_gpus_per_node", per_node, {
@@ -129,10 +130,10 @@ def steps(values, given, overrides, families) -> dict[str, Line]:
     out = {}
     total = values.get("trainer.total_training_steps")
     if total is not None:
-        n = _checked(_int, "trainer.total_training_steps", total)
+        n = _checked(as_int, "trainer.total_training_steps", total)
         out["trainer.total_training_steps"] = ok("trainer.total_training_steps", n, {"trainer.steps": n})
     if "trainer.total_epochs" in values:
-        epochs = _checked(_int, "trainer.total_epochs", values["trainer.total_epochs"])
+        epochs = _checked(as_int, "trainer.total_epochs", values["trainer.total_epochs"])
         if total is not None:
             out["trainer.total_epochs"] = unused("trainer.total_epochs", epochs, "total_training_steps is given "
                                                  "(verl uses it too)")
@@ -176,7 +177,7 @@ def warmup(section: str) -> Group:
     def translate(values, given, overrides, families) -> dict[str, Line]:
         key, ratio_key = f"{_verl(section)}.optim.lr_warmup_steps", f"{_verl(section)}.optim.lr_warmup_steps_ratio"
         out = {}
-        n = _checked(_int, key, values.get(key, -1))
+        n = _checked(as_int, key, values.get(key, -1))
         per_step = overrides.get(f"{section}.mini_batches", 1) * overrides.get(f"{section}.epochs", 1)
         if key in values and n >= 0:
             out[key] = ok(key, n, {f"{section}.optim.lr_warmup_steps": n * per_step},
@@ -184,7 +185,7 @@ def warmup(section: str) -> Group:
         elif key in values:
             out[key] = unused(key, n, "-1: the warm-up is lr_warmup_steps_ratio's")
         if ratio_key in values:
-            ratio = _checked(_float, ratio_key, values[ratio_key])
+            ratio = _checked(as_float, ratio_key, values[ratio_key])
             updates = overrides.get("trainer.steps")
             if n >= 0:
                 out[ratio_key] = unused(ratio_key, ratio, "lr_warmup_steps is given (verl uses it too)")
@@ -209,11 +210,11 @@ def tensor_parallel(section: str) -> Group:
     def translate(values, given, overrides, families) -> dict[str, Line]:
         m = f"{_verl(section)}.megatron"
         tp_key, sp_key = f"{m}.tensor_model_parallel_size", f"{m}.sequence_parallel"
-        tp = _checked(_int, tp_key, given.get(tp_key, 1))
+        tp = _checked(as_int, tp_key, given.get(tp_key, 1))
         out = {}
         sp = tp > 1
         if sp_key in values:
-            asked = _checked(_bool, sp_key, values[sp_key])
+            asked = _checked(as_bool, sp_key, values[sp_key])
             sp = asked and tp > 1
             out[sp_key] = ok(sp_key, asked, {f"{section}.parallel.sp": sp},
                              "" if asked == sp else "verl turns it off at TP 1")
@@ -256,9 +257,9 @@ def stages(section: str) -> Group:
         emb_key, loss_key = f"{o}.account_for_embedding_in_pipeline_split", f"{o}.account_for_loss_in_pipeline_split"
         out = {}
         if last_key in values:
-            last = _checked(_int, last_key, values[last_key])
+            last = _checked(as_int, last_key, values[last_key])
             out[last_key] = ok(last_key, last, {f"{section}.parallel.last_stage_layers": last})
-        accounted = {k: _checked(_bool, k, values[k]) for k in (emb_key, loss_key) if k in values}
+        accounted = {k: _checked(as_bool, k, values[k]) for k in (emb_key, loss_key) if k in values}
         for key, on in accounted.items():
             if not on:
                 out[key] = unused(key, on, "False: rlcore does not count it as a layer either")
@@ -311,8 +312,8 @@ def hybrid(section: str) -> Group:
     def translate(values, given, overrides, families) -> dict[str, Line]:
         occ = f"{_verl(section)}.optim.override_optimizer_config"
         frac_key, on_key = f"{occ}.optimizer_offload_fraction", f"{occ}.optimizer_cpu_offload"
-        on = _checked(_bool, on_key, values.get(on_key, False))
-        fraction = _checked(_float, frac_key, values.get(frac_key, 0.0))      # megatron-core's defaults
+        on = _checked(as_bool, on_key, values.get(on_key, False))
+        fraction = _checked(as_float, frac_key, values.get(frac_key, 0.0))      # megatron-core's defaults
         target = ({f"{section}.optim.name": "hybrid_adam", f"{section}.optim.offload_fraction": fraction}
                   if on and fraction > 0 else {})
         out = {}
@@ -332,8 +333,8 @@ def tokens(section: str) -> Group:
     def translate(values, given, overrides, families) -> dict[str, Line]:
         v = _verl(section)
         on_key, len_key = f"{v}.use_dynamic_bsz", f"{v}.ppo_max_token_len_per_gpu"
-        on = _checked(_bool, on_key, given.get(on_key, False))
-        budget = _checked(_int, len_key, given.get(len_key, 16384 if section == "actor" else 32768))
+        on = _checked(as_bool, on_key, given.get(on_key, False))
+        budget = _checked(as_int, len_key, given.get(len_key, 16384 if section == "actor" else 32768))
         pack = overrides.get(f"{section}.parallel.cp", 1) == 1
         target = {f"{section}.max_tokens_per_micro_batch": budget, f"{section}.pack_sequences": pack}
         out = {}
@@ -352,10 +353,10 @@ def clip(values, given, overrides, families) -> dict[str, Line]:
     for side in ("low", "high"):
         key = f"{A}.clip_ratio_{side}"
         if key in values:
-            out[key] = ok(key, values[key], {f"algorithm.clip_ratio_{side}": _checked(_float, key, values[key])})
+            out[key] = ok(key, values[key], {f"algorithm.clip_ratio_{side}": _checked(as_float, key, values[key])})
     key = f"{A}.clip_ratio"
     if key in values:
-        ratio = _checked(_float, key, values[key])
+        ratio = _checked(as_float, key, values[key])
         sides = {f"algorithm.clip_ratio_{s}": ratio for s in ("low", "high") if f"{A}.clip_ratio_{s}" not in values}
         out[key] = ok(key, ratio, sides) if sides else unused(key, ratio, "clip_ratio_low and _high are given")
     return out
@@ -369,8 +370,8 @@ def kl(values, given, overrides, families) -> dict[str, Line]:
     kl_ctrl.*, kl_penalty); rlcore has one coefficient: GRPO puts it in the loss, PPO where kl_as says."""
     out = {}
     ppo = overrides.get("algorithm.name") == "ppo"
-    in_loss = _checked(_bool, f"{A}.use_kl_loss", given.get(f"{A}.use_kl_loss", False))
-    in_reward = _checked(_bool, "algorithm.use_kl_in_reward", given.get("algorithm.use_kl_in_reward", False))
+    in_loss = _checked(as_bool, f"{A}.use_kl_loss", given.get(f"{A}.use_kl_loss", False))
+    in_reward = _checked(as_bool, "algorithm.use_kl_in_reward", given.get("algorithm.use_kl_in_reward", False))
     if in_loss and in_reward:
         out[f"{A}.use_kl_loss"] = no(f"{A}.use_kl_loss", True, "rlcore applies one KL term: use_kl_loss and "
                                                                 "use_kl_in_reward are both True")
@@ -379,7 +380,7 @@ def kl(values, given, overrides, families) -> dict[str, Line]:
                                           ("algorithm.use_kl_in_reward", "reward", "algorithm.kl_ctrl.kl_coef",
                                            "algorithm.kl_penalty")):
         on = in_loss if place == "loss" else in_reward
-        coef = _checked(_float, coef_key, given.get(coef_key, 0.001))
+        coef = _checked(as_float, coef_key, given.get(coef_key, 0.001))
         target: dict[str, Any] = {"algorithm.kl_coef": coef}
         if ppo:
             target["algorithm.kl_as"] = place
@@ -395,7 +396,8 @@ def kl(values, given, overrides, families) -> dict[str, Line]:
         if est_key in values:
             name = values[est_key]
             if name not in KL_ESTIMATORS:
-                out[est_key] = no(est_key, name, f"rlcore's estimators are k1, k2, k3 (verl's {', '.join(KL_ESTIMATORS)})")
+                out[est_key] = no(est_key, name, f"rlcore's estimators are k1, k2, k3 (verl's "
+                                                 f"{', '.join(KL_ESTIMATORS)})")
             elif on or place == "loss":
                 out[est_key] = ok(est_key, name, {"algorithm.kl_estimator": KL_ESTIMATORS[name]})
             else:
@@ -408,7 +410,7 @@ def kl(values, given, overrides, families) -> dict[str, Line]:
     for key, to in (("algorithm.kl_ctrl.target_kl", "algorithm.kl_target"),
                     ("algorithm.kl_ctrl.horizon", "algorithm.kl_horizon")):
         if key in values:
-            value = _checked(_float if to.endswith("target") else _int, key, values[key])
+            value = _checked(as_float if to.endswith("target") else as_int, key, values[key])
             out[key] = (ok(key, value, {to: value}) if ctrl_type == "adaptive" and in_reward
                         else unused(key, value, "used only with kl_ctrl.type=adaptive and use_kl_in_reward=True"))
     return out
@@ -434,8 +436,8 @@ def ref_layout(values, given, overrides, families) -> dict[str, Line]:
 
 def evaluation(values, given, overrides, families) -> dict[str, Line]:
     sample_key, temp_key = f"{ARR}.rollout.val_kwargs.do_sample", f"{ARR}.rollout.val_kwargs.temperature"
-    sample = _checked(_bool, sample_key, given.get(sample_key, False))
-    temperature = _checked(_float, temp_key, given.get(temp_key, 0.0))
+    sample = _checked(as_bool, sample_key, given.get(sample_key, False))
+    temperature = _checked(as_float, temp_key, given.get(temp_key, 0.0))
     target = {"trainer.eval_temperature": temperature if sample else 0.0}
     out = {}
     if sample_key in values:
@@ -449,12 +451,12 @@ def evaluation(values, given, overrides, families) -> dict[str, Line]:
 def reward_fn(values, given, overrides, families) -> dict[str, Line]:
     path_key, name_key = "custom_reward_function.path", "custom_reward_function.name"
     path = values.get(path_key)
-    name = _checked(_str, name_key, values.get(name_key, "compute_score"))
+    name = _checked(as_str, name_key, values.get(name_key, "compute_score"))
     out = {}
     if path is None:
         out[name_key] = unused(name_key, name, "used only with custom_reward_function.path")
         return out
-    target = {"task.reward_fn": f"{_checked(_str, path_key, path)}:{name}"}
+    target = {"task.reward_fn": f"{_checked(as_str, path_key, path)}:{name}"}
     out[path_key] = ok(path_key, path, target)
     if name_key in values:
         out[name_key] = ok(name_key, name, target)
@@ -463,10 +465,10 @@ def reward_fn(values, given, overrides, families) -> dict[str, Line]:
 
 def overlong(values, given, overrides, families) -> dict[str, Line]:
     cfg = "reward_model.reward_kwargs.overlong_buffer_cfg"
-    on = _checked(_bool, f"{cfg}.enable", given.get(f"{cfg}.enable", False))
-    buffer = _checked(_int, f"{cfg}.len", given.get(f"{cfg}.len", 0))
-    factor = _checked(_float, f"{cfg}.penalty_factor", given.get(f"{cfg}.penalty_factor", 1.0))
-    max_len = _checked(_int, "reward_model.reward_kwargs.max_resp_len",
+    on = _checked(as_bool, f"{cfg}.enable", given.get(f"{cfg}.enable", False))
+    buffer = _checked(as_int, f"{cfg}.len", given.get(f"{cfg}.len", 0))
+    factor = _checked(as_float, f"{cfg}.penalty_factor", given.get(f"{cfg}.penalty_factor", 1.0))
+    max_len = _checked(as_int, "reward_model.reward_kwargs.max_resp_len",
                        given.get("reward_model.reward_kwargs.max_resp_len",
                                  overrides.get("rollout.max_response_len", 0)))
     target = {"algorithm.overlong_buffer": buffer, "algorithm.overlong_max_len": max_len,
@@ -512,7 +514,7 @@ def rejection(values, given, overrides, families) -> dict[str, Line]:
 
 def resume(values, given, overrides, families) -> dict[str, Line]:
     mode_key, path_key = "trainer.resume_mode", "trainer.resume_from_path"
-    mode = _checked(_str, mode_key, given.get(mode_key, "auto"))
+    mode = _checked(as_str, mode_key, given.get(mode_key, "auto"))
     path = given.get(path_key)
     out = {}
     if mode not in ("auto", "disable", "resume_path"):

@@ -38,31 +38,31 @@ class Key:
 
 # --- value conversions: each checks its type and names what it wanted -------------------------------------------
 
-def _int(v: Any) -> int:
+def as_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
         raise Refused(f"{v!r} is not an integer")
     return int(v)
 
 
-def _float(v: Any) -> float:
+def as_float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise Refused(f"{v!r} is not a number")
     return float(v)
 
 
-def _bool(v: Any) -> bool:
+def as_bool(v: Any) -> bool:
     if not isinstance(v, bool):
         raise Refused(f"{v!r} is not True or False")
     return v
 
 
-def _str(v: Any) -> str:
+def as_str(v: Any) -> str:
     if v is None or isinstance(v, (list, dict)):
         raise Refused(f"{v!r} is not a string")
     return str(v)
 
 
-def _paths(v: Any) -> list[str]:
+def as_paths(v: Any) -> list[str]:
     """verl takes one path or a list of paths."""
     items = v if isinstance(v, list) else [v]
     if not items or not all(isinstance(p, str) and p for p in items):
@@ -85,7 +85,7 @@ def choice(mapping: dict[Any, Any], closest: str) -> Callable[[Any], tuple]:
 
 def steps_or_off(v: Any) -> tuple:
     """verl's frequencies: -1 (or 0) = never -> rlcore's 0."""
-    n = _int(v)
+    n = as_int(v)
     return (max(n, 0),)
 
 
@@ -123,28 +123,29 @@ def megatron_rows(verl: str, section: str) -> list[Key]:
     offload switches mean the same in both."""
     m = f"{verl}.megatron"
     return [
-        grouped(f"{m}.tensor_model_parallel_size", f"{section}_tp", (f"{section}.parallel.tp", f"{section}.parallel.sp"),
+        grouped(f"{m}.tensor_model_parallel_size", f"{section}_tp",
+                (f"{section}.parallel.tp", f"{section}.parallel.sp"),
                 "tensor parallel size; verl turns on sequence parallelism (its default) whenever TP > 1",
                 ("8", {f"{section}.parallel.tp": 8, f"{section}.parallel.sp": True})),
         grouped(f"{m}.sequence_parallel", f"{section}_tp", (f"{section}.parallel.sp",),
                 "sequence parallelism in TP regions (only with TP > 1, as in verl)",
                 ("False", {f"{section}.parallel.tp": 2, f"{section}.parallel.sp": False}),
                 needs=(f"{m}.tensor_model_parallel_size=2",)),
-        mapped(f"{m}.pipeline_model_parallel_size", f"{section}.parallel.pp", one(_int), "pipeline parallel size",
+        mapped(f"{m}.pipeline_model_parallel_size", f"{section}.parallel.pp", one(as_int), "pipeline parallel size",
                ("12", {f"{section}.parallel.pp": 12})),
-        mapped(f"{m}.expert_model_parallel_size", f"{section}.parallel.ep", one(_int), "expert parallel size",
+        mapped(f"{m}.expert_model_parallel_size", f"{section}.parallel.ep", one(as_int), "expert parallel size",
                ("8", {f"{section}.parallel.ep": 8})),
-        mapped(f"{m}.context_parallel_size", f"{section}.parallel.cp", one(_int), "context parallel size",
+        mapped(f"{m}.context_parallel_size", f"{section}.parallel.cp", one(as_int), "context parallel size",
                ("2", {f"{section}.parallel.cp": 2})),
         refused(f"{m}.expert_tensor_parallel_size", "rlcore never splits experts over TP ranks (expert TP is 1)",
                 f"{section}.parallel.ep", accepts=(1,)),
         refused(f"{m}.virtual_pipeline_model_parallel_size", "the interleaved (virtual) pipeline schedule is not "
                 "supported", f"{section}.parallel.pp", accepts=(None, 1)),
-        mapped(f"{m}.param_offload", f"{section}.offload.params", one(_bool),
+        mapped(f"{m}.param_offload", f"{section}.offload.params", one(as_bool),
                "parameters on the host while idle", ("True", {f"{section}.offload.params": True})),
-        mapped(f"{m}.grad_offload", f"{section}.offload.grads", one(_bool),
+        mapped(f"{m}.grad_offload", f"{section}.offload.grads", one(as_bool),
                "gradients on the host while idle", ("True", {f"{section}.offload.grads": True})),
-        mapped(f"{m}.optimizer_offload", f"{section}.offload.optimizer", one(_bool),
+        mapped(f"{m}.optimizer_offload", f"{section}.offload.optimizer", one(as_bool),
                "optimizer state on the host while idle", ("True", {f"{section}.offload.optimizer": True})),
         mapped(f"{m}.dtype", f"{section}.dtype", choice({"bfloat16": "bfloat16", "bf16": "bfloat16",
                                                          "float32": "float32", "fp32": "float32"},
@@ -199,10 +200,10 @@ def optim_rows(verl: str, section: str) -> list[Key]:
     o, to = f"{verl}.optim", f"{section}.optim"
     occ = f"{o}.override_optimizer_config"
     return [
-        mapped(f"{o}.lr", f"{to}.lr", one(_float), "peak learning rate", ("1e-6", {f"{to}.lr": 1e-6})),
-        mapped(f"{o}.weight_decay", f"{to}.weight_decay", one(_float), "AdamW weight decay",
+        mapped(f"{o}.lr", f"{to}.lr", one(as_float), "peak learning rate", ("1e-6", {f"{to}.lr": 1e-6})),
+        mapped(f"{o}.weight_decay", f"{to}.weight_decay", one(as_float), "AdamW weight decay",
                ("0.1", {f"{to}.weight_decay": 0.1})),
-        mapped(f"{o}.clip_grad", f"{to}.clip_grad", one(_float), "gradient-norm clip",
+        mapped(f"{o}.clip_grad", f"{to}.clip_grad", one(as_float), "gradient-norm clip",
                ("1.0", {f"{to}.clip_grad": 1.0})),
         grouped(f"{o}.lr_warmup_steps", f"{section}_warmup", (f"{to}.lr_warmup_steps",),
                 "steps of linear warm-up (-1: use lr_warmup_steps_ratio); verl steps its LR once a step, rlcore once "
@@ -216,7 +217,7 @@ def optim_rows(verl: str, section: str) -> list[Key]:
         mapped(f"{o}.lr_decay_style", f"{to}.lr_schedule",
                choice({"constant": "constant", "cosine": "cosine", "linear": "linear"}, f"{to}.lr_schedule"),
                "LR after warm-up", ("cosine", {f"{to}.lr_schedule": "cosine"})),
-        mapped(f"{o}.min_lr", f"{to}.min_lr", one(_float), "where cosine/linear decay ends",
+        mapped(f"{o}.min_lr", f"{to}.min_lr", one(as_float), "where cosine/linear decay ends",
                ("1e-7", {f"{to}.min_lr": 1e-7})),
         mapped(f"{o}.betas", (f"{to}.adam_beta1", f"{to}.adam_beta2"), _betas, "Adam's betas",
                ("[0.9,0.95]", {f"{to}.adam_beta1": 0.9, f"{to}.adam_beta2": 0.95})),
@@ -249,7 +250,7 @@ def optim_rows(verl: str, section: str) -> list[Key]:
 def _betas(v: Any) -> tuple:
     if not (isinstance(v, list) and len(v) == 2):
         raise Refused(f"{v!r} is not a list of two numbers")
-    return (_float(v[0]), _float(v[1]))
+    return (as_float(v[0]), as_float(v[1]))
 
 
 TABLE: list[Key] = [
@@ -260,17 +261,17 @@ TABLE: list[Key] = [
     grouped("data.val_files", "data", ("task.name", "task.options.val_files"), "held-out prompts",
             ("['/d/a.parquet','/d/b.parquet']", {"task.name": "dataset",
                                                  "task.options.val_files": ["/d/a.parquet", "/d/b.parquet"]})),
-    mapped("data.prompt_key", "task.options.prompt_key", one(_str), "the prompt column",
+    mapped("data.prompt_key", "task.options.prompt_key", one(as_str), "the prompt column",
            ("question", {"task.options.prompt_key": "question"})),
-    mapped("data.max_prompt_length", "task.options.max_prompt_len", one(_int),
+    mapped("data.max_prompt_length", "task.options.max_prompt_len", one(as_int),
            "longer rendered prompts are left out and counted", ("1024", {"task.options.max_prompt_len": 1024})),
-    mapped("data.max_response_length", "rollout.max_response_len", one(_int), "response tokens per sample",
+    mapped("data.max_response_length", "rollout.max_response_len", one(as_int), "response tokens per sample",
            ("1024", {"rollout.max_response_len": 1024})),
     grouped("data.train_batch_size", "batch", ("trainer.prompts_per_step",), "prompts per step",
             ("1024", {"trainer.prompts_per_step": 1024})),
-    mapped("data.shuffle", "task.options.shuffle", one(_bool), "a seeded shuffle per epoch",
+    mapped("data.shuffle", "task.options.shuffle", one(as_bool), "a seeded shuffle per epoch",
            ("False", {"task.options.shuffle": False})),
-    mapped("data.seed", "run.seed", one(_int), "seeds prompt order (and the rest of the run)",
+    mapped("data.seed", "run.seed", one(as_int), "seeds prompt order (and the rest of the run)",
            ("7", {"run.seed": 7})),
     ignored("data.truncation", "rlcore never truncates a prompt: longer ones are left out and counted "
             "(verl's filter_overlong_prompts)", closest="task.options.max_prompt_len"),
@@ -317,7 +318,7 @@ TABLE: list[Key] = [
     grouped(f"{A}.ppo_mini_batch_size", "batch", ("actor.mini_batches",),
             "prompts per update: actor.mini_batches = train_batch_size / ppo_mini_batch_size",
             ("256", {"actor.mini_batches": 4}), needs=("data.train_batch_size=1024",)),
-    mapped(f"{A}.ppo_micro_batch_size_per_gpu", "actor.micro_batch_size", one(_int), "sequences per forward/backward",
+    mapped(f"{A}.ppo_micro_batch_size_per_gpu", "actor.micro_batch_size", one(as_int), "sequences per forward/backward",
            ("4", {"actor.micro_batch_size": 4})),
     refused(f"{A}.ppo_micro_batch_size", "a global micro-batch size (deprecated in verl)", "actor.micro_batch_size",
             accepts=(None,)),
@@ -329,7 +330,8 @@ TABLE: list[Key] = [
     grouped(f"{A}.ppo_max_token_len_per_gpu", "actor_tokens", ("actor.max_tokens_per_micro_batch",),
             "the token budget of a micro-batch, with use_dynamic_bsz=True (else unused, as in verl)",
             ("16384", {}), needs=()),
-    mapped(f"{A}.ppo_epochs", "actor.epochs", one(_int), "passes over each rollout batch", ("2", {"actor.epochs": 2})),
+    mapped(f"{A}.ppo_epochs", "actor.epochs", one(as_int), "passes over each rollout batch",
+           ("2", {"actor.epochs": 2})),
     refused(f"{A}.shuffle", "rlcore takes a batch's mini-batches in order", "actor.epochs", accepts=(False,)),
     ignored(f"{A}.data_loader_seed", "rlcore seeds from run.seed", closest="run.seed"),
     grouped(f"{A}.clip_ratio", "clip", ("algorithm.clip_ratio_low", "algorithm.clip_ratio_high"),
@@ -339,14 +341,14 @@ TABLE: list[Key] = [
             ("0.2", {"algorithm.clip_ratio_low": 0.2})),
     grouped(f"{A}.clip_ratio_high", "clip", ("algorithm.clip_ratio_high",), "PPO clip, upper (DAPO's clip-higher)",
             ("0.28", {"algorithm.clip_ratio_high": 0.28})),
-    mapped(f"{A}.clip_ratio_c", "algorithm.clip_ratio_c", one(_float), "dual-clip constant (verl's default 3.0 "
+    mapped(f"{A}.clip_ratio_c", "algorithm.clip_ratio_c", one(as_float), "dual-clip constant (verl's default 3.0 "
            "is not applied: rlcore's default is off)", ("10.0", {"algorithm.clip_ratio_c": 10.0})),
     mapped(f"{A}.loss_agg_mode", "algorithm.loss_agg_mode",
            choice({m: m for m in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                   "seq-mean-token-sum-norm")}, "algorithm.loss_agg_mode"),
            "how token losses are averaged (the same four modes)", ("seq-mean-token-mean",
                                                                    {"algorithm.loss_agg_mode": "seq-mean-token-mean"})),
-    mapped(f"{A}.entropy_coeff", "actor.entropy_coef", one(_float), "entropy bonus",
+    mapped(f"{A}.entropy_coeff", "actor.entropy_coef", one(as_float), "entropy bonus",
            ("0.001", {"actor.entropy_coef": 0.001})),
     ignored(f"{A}.calculate_entropy", LOGGING),
     grouped(f"{A}.use_kl_loss", "kl", ("algorithm.kl_coef", "algorithm.kl_as"),
@@ -383,7 +385,7 @@ TABLE: list[Key] = [
                    ("expert_model_parallel_size", "2"), ("expert_tensor_parallel_size", "1"),
                    ("context_parallel_size", "2"), ("virtual_pipeline_model_parallel_size", "null"),
                    ("sequence_parallel", "True"))],
-    mapped(f"{REF}.megatron.param_offload", "actor.offload.reference", one(_bool),
+    mapped(f"{REF}.megatron.param_offload", "actor.offload.reference", one(as_bool),
            "the reference policy on the host between its passes", ("True", {"actor.offload.reference": True})),
     ignored(f"{REF}.megatron.*", "the reference is built as the actor is"),
     ignored(f"{REF}.log_prob_micro_batch_size_per_gpu", "log-prob passes use the actor's micro-batching",
@@ -400,14 +402,14 @@ TABLE: list[Key] = [
     # --- rollout ------------------------------------------------------------------------------------------------
     mapped(f"{R}.name", "rollout.backend", choice({"vllm": "vllm", "sglang": "sglang"}, "rollout.backend"),
            "the rollout engine", ("sglang", {"rollout.backend": "sglang"})),
-    mapped(f"{R}.n", "rollout.n", one(_int), "responses per prompt", ("8", {"rollout.n": 8})),
-    mapped(f"{R}.temperature", "rollout.temperature", one(_float), "sampling temperature",
+    mapped(f"{R}.n", "rollout.n", one(as_int), "responses per prompt", ("8", {"rollout.n": 8})),
+    mapped(f"{R}.temperature", "rollout.temperature", one(as_float), "sampling temperature",
            ("0.9", {"rollout.temperature": 0.9})),
     refused(f"{R}.top_p", "rlcore samples from the whole distribution (top_p 1)", "rollout.temperature",
             accepts=(1, 1.0)),
     refused(f"{R}.top_k", "rlcore samples from the whole distribution (top_k -1)", "rollout.temperature",
             accepts=(-1, 0)),
-    mapped(f"{R}.tensor_model_parallel_size", "rollout.tp", one(_int), "the engine's tensor parallel size",
+    mapped(f"{R}.tensor_model_parallel_size", "rollout.tp", one(as_int), "the engine's tensor parallel size",
            ("4", {"rollout.tp": 4})),
     refused(f"{R}.data_parallel_size", "engine replicas follow from trainer.world_size / rollout.tp", "rollout.tp",
             accepts=(1,)),
@@ -425,17 +427,18 @@ TABLE: list[Key] = [
             ("0.6", {"trainer.eval_temperature": 0.6}), needs=(f"{R}.val_kwargs.do_sample=True",)),
     grouped(f"{R}.val_kwargs.do_sample", "eval", ("trainer.eval_temperature",),
             "False: greedy held-out responses (eval_temperature 0)", ("False", {"trainer.eval_temperature": 0.0})),
-    mapped(f"{R}.val_kwargs.n", "trainer.eval_n", one(_int), "responses per held-out prompt (mean@n, pass@n)",
+    mapped(f"{R}.val_kwargs.n", "trainer.eval_n", one(as_int), "responses per held-out prompt (mean@n, pass@n)",
            ("1", {"trainer.eval_n": 1})),
     ignored(f"{R}.val_kwargs.top_p", "held-out responses are sampled from the whole distribution in rlcore",
             closest="trainer.eval_temperature"),
     ignored(f"{R}.val_kwargs.top_k", "held-out responses are sampled from the whole distribution in rlcore",
             closest="trainer.eval_temperature"),
-    mapped(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", "rollout.sync_bucket_mb", one(_float),
+    mapped(f"{R}.checkpoint_engine.update_weights_bucket_megabytes", "rollout.sync_bucket_mb", one(as_float),
            "weight sync bucket size", ("512", {"rollout.sync_bucket_mb": 512.0})),
     *[ignored(f"{R}.{k}", ENGINE_TUNING) for k in (
         "enforce_eager", "enable_chunked_prefill", "free_cache_engine", "max_num_batched_tokens", "max_num_seqs",
-        "max_model_len", "cudagraph_capture_sizes", "load_format", "dtype", "disable_log_stats", "enable_prefix_caching",
+        "max_model_len", "cudagraph_capture_sizes", "load_format", "dtype", "disable_log_stats",
+        "enable_prefix_caching",
         "engine_kwargs.*", "layered_summon", "ignore_eos", "do_sample")],
     ignored(f"{R}.log_prob_micro_batch_size_per_gpu", "log-prob passes use the actor's micro-batching",
             closest="actor.micro_batch_size"),
@@ -448,15 +451,15 @@ TABLE: list[Key] = [
     refused(f"{R}.multi_turn.enable", "multi-turn episodes run through rlcore's tools agent", "rollout.agent=tools",
             accepts=(False,)),
     mapped(f"{R}.multi_turn.tool_config_path", ("rollout.agent", "agent.environment", "agent.options"),
-           lambda v: ("tools", "verl_tools", {"tool_config_path": _str(v)}),
+           lambda v: ("tools", "verl_tools", {"tool_config_path": as_str(v)}),
            "verl's tool config, run by rlcore's tools agent", ("/t.yaml", {
                "rollout.agent": "tools", "agent.environment": "verl_tools",
                "agent.options": {"tool_config_path": "/t.yaml"}})),
-    mapped(f"{R}.multi_turn.max_assistant_turns", "agent.max_turns", one(_int), "assistant turns per episode",
+    mapped(f"{R}.multi_turn.max_assistant_turns", "agent.max_turns", one(as_int), "assistant turns per episode",
            ("5", {"agent.max_turns": 5})),
-    mapped(f"{R}.multi_turn.max_parallel_calls", "agent.max_parallel_calls", one(_int), "tool calls per turn",
+    mapped(f"{R}.multi_turn.max_parallel_calls", "agent.max_parallel_calls", one(as_int), "tool calls per turn",
            ("2", {"agent.max_parallel_calls": 2})),
-    mapped(f"{R}.multi_turn.max_tool_response_length", "agent.max_tool_response_tokens", one(_int),
+    mapped(f"{R}.multi_turn.max_tool_response_length", "agent.max_tool_response_tokens", one(as_int),
            "a longer tool result is cut in the middle", ("256", {"agent.max_tool_response_tokens": 256})),
     mapped(f"{R}.multi_turn.format", "agent.parser", choice({"hermes": "hermes"}, "agent.parser"),
            "how tool calls are written", ("hermes", {"agent.parser": "hermes"})),
@@ -465,16 +468,16 @@ TABLE: list[Key] = [
     # --- critic -------------------------------------------------------------------------------------------------
     *megatron_rows("critic", "critic"),
     *optim_rows("critic", "critic"),
-    mapped("critic.model.path", "critic.model_path", one(_str), "the value model's starting checkpoint",
+    mapped("critic.model.path", "critic.model_path", one(as_str), "the value model's starting checkpoint",
            ("/ckpt/q", {"critic.model_path": "/ckpt/q"})),
     ignored("critic.model.trust_remote_code", "rlcore reads config.json itself and runs no remote code"),
     ignored("critic.model.*", "the critic is built as the actor's family"),
-    mapped("critic.ppo_micro_batch_size_per_gpu", "critic.micro_batch_size", one(_int),
+    mapped("critic.ppo_micro_batch_size_per_gpu", "critic.micro_batch_size", one(as_int),
            "sequences per forward/backward", ("4", {"critic.micro_batch_size": 4})),
     grouped("critic.ppo_mini_batch_size", "batch", ("critic.mini_batches",),
             "prompts per update: critic.mini_batches = train_batch_size / ppo_mini_batch_size",
             ("256", {"critic.mini_batches": 4}), needs=("data.train_batch_size=1024",)),
-    mapped("critic.ppo_epochs", "critic.epochs", one(_int), "passes over each rollout batch",
+    mapped("critic.ppo_epochs", "critic.epochs", one(as_int), "passes over each rollout batch",
            ("2", {"critic.epochs": 2})),
     grouped("critic.use_dynamic_bsz", "critic_tokens", ("critic.max_tokens_per_micro_batch", "critic.pack_sequences"),
             "as the actor's", ("True", {"critic.max_tokens_per_micro_batch": 8192, "critic.pack_sequences": True}),
@@ -483,7 +486,7 @@ TABLE: list[Key] = [
             "with use_dynamic_bsz=True", None),
     ignored("critic.forward_max_token_len_per_gpu", "value passes use the critic's micro-batching",
             closest="critic.max_tokens_per_micro_batch"),
-    mapped("critic.cliprange_value", "algorithm.value_clip", one(_float), "value clipping (PPO)",
+    mapped("critic.cliprange_value", "algorithm.value_clip", one(as_float), "value clipping (PPO)",
            ("0.5", {"algorithm.value_clip": 0.5})),
     ignored("critic.loss_agg_mode", "the value loss is averaged over tokens", accepts=("token-mean",)),
     ignored("critic.profiler.*", PROFILER),
@@ -523,10 +526,10 @@ TABLE: list[Key] = [
     mapped("algorithm.adv_estimator", "algorithm.name",
            choice({"grpo": "grpo", "gae": "ppo", "rloo": "rloo"}, "algorithm.name"),
            "grpo -> grpo, gae (PPO) -> ppo, rloo -> rloo", ("gae", {"algorithm.name": "ppo"})),
-    mapped("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", one(_bool),
+    mapped("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", one(as_bool),
            "False: Dr. GRPO's unscaled advantages", ("False", {"algorithm.norm_adv_by_std": False})),
-    mapped("algorithm.gamma", "algorithm.gamma", one(_float), "discount (PPO)", ("0.99", {"algorithm.gamma": 0.99})),
-    mapped("algorithm.lam", "algorithm.lam", one(_float), "GAE lambda (PPO)", ("0.95", {"algorithm.lam": 0.95})),
+    mapped("algorithm.gamma", "algorithm.gamma", one(as_float), "discount (PPO)", ("0.99", {"algorithm.gamma": 0.99})),
+    mapped("algorithm.lam", "algorithm.lam", one(as_float), "GAE lambda (PPO)", ("0.95", {"algorithm.lam": 0.95})),
     grouped("algorithm.use_kl_in_reward", "kl", ("algorithm.kl_coef", "algorithm.kl_as"),
             "True: KL penalty in the reward, algorithm.kl_coef = kl_ctrl.kl_coef (PPO only)",
             ("True", {"algorithm.kl_coef": 0.01, "algorithm.kl_as": "reward"}),
@@ -546,7 +549,7 @@ TABLE: list[Key] = [
            choice({None: "none", "token": "token", "sequence": "sequence"}, "algorithm.rollout_is"),
            "truncated importance weights pi_trainer / pi_rollout, per token or sequence",
            ("token", {"algorithm.rollout_is": "token"})),
-    mapped("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_is_threshold", one(_float),
+    mapped("algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_is_threshold", one(as_float),
            "the truncation C", ("2.0", {"algorithm.rollout_is_threshold": 2.0})),
     grouped("algorithm.rollout_correction.rollout_rs", "rs", ("algorithm.rollout_rs_low", "algorithm.rollout_rs_high"),
             "seq_mean_k1: reject sequences whose geometric-mean ratio leaves [lower, upper] (rlcore's rejection); "
@@ -581,9 +584,9 @@ TABLE: list[Key] = [
            ("10", {"trainer.eval_every": 10})),
     mapped("trainer.save_freq", "trainer.save_every", steps_or_off, "steps between checkpoints (-1: never)",
            ("100", {"trainer.save_every": 100})),
-    mapped("trainer.max_actor_ckpt_to_keep", "trainer.keep_checkpoints", one(_int), "checkpoints kept",
+    mapped("trainer.max_actor_ckpt_to_keep", "trainer.keep_checkpoints", one(as_int), "checkpoints kept",
            ("3", {"trainer.keep_checkpoints": 3})),
-    mapped("trainer.default_local_dir", "run.dir", one(_str), "where the run (its checkpoints too) goes",
+    mapped("trainer.default_local_dir", "run.dir", one(as_str), "where the run (its checkpoints too) goes",
            ("/ckpt/run", {"run.dir": "/ckpt/run"})),
     grouped("trainer.resume_mode", "resume", ("trainer.resume",), "auto: continue from the run directory's newest "
             "checkpoint if any; disable: start fresh; resume_path: from resume_from_path",
@@ -592,7 +595,7 @@ TABLE: list[Key] = [
             "resume_mode=resume_path", ("/ckpt/run/checkpoints/step_10",
                                         {"trainer.resume": "/ckpt/run/checkpoints/step_10"}),
             needs=("trainer.resume_mode=resume_path",)),
-    mapped("trainer.critic_warmup", "critic.warmup_steps", one(_int), "steps training only the critic",
+    mapped("trainer.critic_warmup", "critic.warmup_steps", one(as_int), "steps training only the critic",
            ("5", {"critic.warmup_steps": 5})),
     mapped("trainer.logger", "trainer.loggers", lambda v: (["console", "jsonl"],),
            "console and metrics.jsonl; wandb, tensorboard and the rest are not rlcore loggers",
