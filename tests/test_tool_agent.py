@@ -101,7 +101,7 @@ def tokenizer(tmp_path_factory):
 
 
 def agent_for(tokenizer, chat=None, max_len=512, **settings):
-    cfg = SimpleNamespace(**{"max_turns": 4, "max_tool_response_tokens": 64, "max_parallel_calls": 1,
+    cfg = SimpleNamespace(**{"max_turns": 4, "max_tool_response_tokens": 200, "max_parallel_calls": 1,
                              "tool_timeout_s": 0.3, **settings})
     return ToolAgent(tokenizer, chat or ChatTokens(tokenizer), Shop, hermes_calls, cfg, max_len)
 
@@ -154,14 +154,16 @@ def test_calls_beyond_max_parallel_calls_are_answered_with_an_error(tokenizer):
     [t] = episode(agent_for(tokenizer, max_parallel_calls=1), engine)
     seen = tokenizer.decode(engine.requests[1], skip_special_tokens=True)
     assert "tool\n6\ntool\nerror: only 1 tool call(s) per turn are run" in seen, seen
-    assert t.metadata["agent"]["tool_calls"] == 1 and t.metadata["agent"]["tool_errors"] == {"multiply": 1}
+    assert t.metadata["agent"]["tool_calls"] == 2 and t.metadata["agent"]["tool_errors"] == {"multiply": 1}
 
 
 def test_a_long_result_is_cut_in_the_middle_to_max_tool_response_tokens(tokenizer):
     engine = ScriptedEngine(tokenizer, [call("essay", x=1), "done"])
-    [t] = episode(agent_for(tokenizer, max_tool_response_tokens=20), engine)
+    [t] = episode(agent_for(tokenizer, max_tool_response_tokens=40), engine)
     seen = tokenizer.decode(engine.requests[1], skip_special_tokens=True)
-    assert "tool\n0123456789\n...(180 tokens cut)...\n0123456789\n" in seen, seen
+    shown = "01234567\n...(200 tokens, cut)...\n3456789"        # head, note, tail: 40 tokens, the note included
+    assert f"tool\n{shown}\n" in seen, seen
+    assert len(tokenizer.encode(shown, add_special_tokens=False)) == 40
     assert t.metadata["agent"]["truncated_results"] == 1
 
 

@@ -116,6 +116,7 @@ class ToolAgent(Agent):
     async def _call_all(self, calls: list[ToolCall], tools: dict[str, Tool], stats: EpisodeStats) -> list[str]:
         """Each call's result text, at most agent.max_parallel_calls of them at once (the rest get an error)."""
         limit = self.cfg.max_parallel_calls
+        stats.tool_calls += len(calls)
         results = await asyncio.gather(*(self._call(call, tools, stats) for call in calls[:limit]))
         over = [f"error: only {limit} tool call(s) per turn are run; this one was not" for _ in calls[limit:]]
         for call in calls[limit:]:
@@ -123,7 +124,6 @@ class ToolAgent(Agent):
         return [*results, *over]
 
     async def _call(self, call: ToolCall, tools: dict[str, Tool], stats: EpisodeStats) -> str:
-        stats.tool_calls += 1
         tool = tools.get(call.name)
         problem = call.error or ("" if tool else f"unknown tool {call.name!r}; the tools are {sorted(tools)}") \
             or tool.check(call.arguments)                       # type: ignore[union-attr]
@@ -150,13 +150,16 @@ class ToolAgent(Agent):
             stats.tool_seconds += time.perf_counter() - start
 
     def _tool_message(self, call: ToolCall, result: str, stats: EpisodeStats) -> dict:
-        """The result as the model reads it, cut in the middle to agent.max_tool_response_tokens."""
+        """The result as the model reads it: at most agent.max_tool_response_tokens tokens, a longer one cut in the
+        middle (its head, a note of how much was cut, its tail)."""
         ids = self.tokenizer.encode(result, add_special_tokens=False)
-        keep = self.cfg.max_tool_response_tokens
-        if len(ids) > keep:
+        limit = self.cfg.max_tool_response_tokens
+        if len(ids) > limit:
             stats.truncated_results += 1
-            head, tail = self.tokenizer.decode(ids[:keep // 2]), self.tokenizer.decode(ids[len(ids) - keep // 2:])
-            result = f"{head}\n...({len(ids) - 2 * (keep // 2)} tokens cut)...\n{tail}"
+            note = f"\n...({len(ids)} tokens, cut)...\n"
+            room = max(0, limit - len(self.tokenizer.encode(note, add_special_tokens=False)))
+            head, tail = ids[:(room + 1) // 2], ids[len(ids) - room // 2:] if room > 1 else []
+            result = f"{self.tokenizer.decode(head)}{note}{self.tokenizer.decode(tail)}"
         return {"role": "tool", "name": call.name, "content": result}
 
 
