@@ -92,6 +92,41 @@ def _attention_params(c) -> int:
     return h * (n + 2 * c.num_query_groups) * d + n * d * h + norms
 
 
+def _adapted_linears(c, target_modules, moe: bool, tp: int) -> list[tuple[int, int, bool]]:
+    """(input width, output width, column-parallel) of each linear of a layer that ``actor.lora`` adapts (the MoE
+    layers' expert linears are not adapted: ``lora_problems`` refuses them)."""
+    h, attention = c.hidden_size, c.num_attention_heads * c.kv_channels
+    ffn = c.ffn_hidden_size
+    widths = {"linear_qkv": (h, attention + 2 * c.num_query_groups * c.kv_channels, True),
+              "linear_proj": (attention, h, False)}
+    if not moe:
+        widths |= {"linear_fc1": (h, ffn * (2 if c.gated_linear_unit else 1), True), "linear_fc2": (ffn, h, False)}
+    return [widths[t] for t in target_modules if t in widths]
+
+
+def adapter_params(c, rank: int, target_modules, moe: bool, tp: int) -> float:
+    """One rank's LoRA parameters in one layer: A [r, in] and B [out, r] per adapted linear, the factor on W's split
+    side divided over TP (column: B; row: A), the other replicated (``rlcore.megatron.lora``)."""
+    return sum(rank * (i + o / tp) if column else rank * (i / tp + o)
+               for i, o, column in _adapted_linears(c, target_modules, moe, tp))
+
+
+def lora_problems(c, cfg: Config) -> list[str]:
+    """What ``actor.lora`` asks of this model that the adapters cannot do yet (the run would fail building them)."""
+    lora = cfg.actor.lora
+    if not lora.rank:
+        return []
+    problems = []
+    if getattr(c, "multi_latent_attention", False) and "linear_qkv" in lora.target_modules:
+        problems.append("actor.lora.target_modules names linear_qkv, which a multi-latent-attention model does not "
+                        "have (adapters on MLA projections are not built yet); target linear_proj")
+    if any(_moe_layers(c)) and {"linear_fc1", "linear_fc2"} & set(lora.target_modules):
+        problems.append("actor.lora.target_modules names linear_fc1/linear_fc2, which are MoE experts in this "
+                        "model's MoE layers (adapters on experts are not built yet); target linear_qkv and "
+                        "linear_proj")
+    return problems
+
+
 def _mlp_params(h: int, ffn: int, gated: bool) -> int:
     return h * ffn * (2 if gated else 1) + ffn * h
 
@@ -123,12 +158,17 @@ def offloaded_elements(numel: float, fraction: float) -> float:
 class StageParams:
     dense: int      # split over TP (approximately: norms are replicated, and small)
     experts: int    # split over EP
+    adapters: float = 0.0   # LoRA parameters of one TP rank (actor.lora)
 
 
-def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int) -> list[StageParams]:
-    """Parameters of each pipeline stage: embedding on the first, final norm and output layer on the last."""
+def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int, lora=None,
+                 tp: int = 1) -> list[StageParams]:
+    """Parameters of each pipeline stage: embedding on the first, final norm and output layer on the last; with
+    ``lora`` (actor.lora, rank > 0) also a TP rank's adapters."""
     h, gated = c.hidden_size, c.gated_linear_unit
     per_layer = []
+    adapters = [adapter_params(c, lora.rank, lora.target_modules, moe, tp) if lora is not None and lora.rank else 0.0
+                for moe in _moe_layers(c)]
     for moe in _moe_layers(c):
         dense = _attention_params(c) + 2 * h
         experts = 0
@@ -145,20 +185,26 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
     stages, start = [], 0
     for s, n in enumerate(counts):
         layers = per_layer[start:start + n]
+        stage_adapters = sum(adapters[start:start + n])
         start += n
         dense = sum(d for d, _ in layers) + (vocab_size * h if s == 0 else 0)
         if s == pp - 1:
             dense += h + (0 if tied and pp == 1 else vocab_size * h)
-        stages.append(StageParams(dense, sum(e for _, e in layers)))
+        stages.append(StageParams(dense, sum(e for _, e in layers), stage_adapters))
     return stages
 
 
 def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
     """Bytes of model state per device (busiest stage) and per node's CPU, with the offload settings applied;
-    ``reference``: the algorithm keeps a frozen reference policy, a second copy of the parameters."""
+    ``reference``: the algorithm keeps a frozen reference policy, a second copy of the parameters (with LoRA: none,
+    the reference is the model with its adapters off). With LoRA, gradients and optimizer state are the adapters'
+    only: Megatron DDP and the optimizer skip frozen parameters."""
     p, world = cfg.actor.parallel, cfg.trainer.world_size
     dp, expert_dp = world // (p.tp * p.pp * p.cp), world // (p.ep * p.pp)
-    stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers)
+    lora = cfg.actor.lora.rank > 0
+    reference = reference and not lora
+    stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers,
+                          cfg.actor.lora, p.tp)
     bf16 = cfg.actor.dtype == "bfloat16"
     param_bytes = 2 if bf16 else 4
     fraction = cfg.actor.optim.offload_fraction       # hybrid_adam's (the plugin refuses it for adam)
@@ -166,9 +212,13 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
     def stage_bytes(s: StageParams) -> dict[str, float]:
         local = s.dense / p.tp + s.experts / p.ep
         shard = s.dense / p.tp / dp + s.experts / p.ep / expert_dp
+        trained = local
+        if lora:        # only the adapters have gradients and optimizer state (their distributed shard: / dp)
+            trained, shard = s.adapters, s.adapters / dp
         # a bf16 model's norms are fp32 (rlcore's torch norms): a few thousand elements a layer, counted as bf16
         device, host = optimizer_bytes(shard, shard if bf16 else 0, offloaded_elements(shard, fraction))
-        return dict(params=local * param_bytes, grads=local * 4, optimizer=device, host=host)
+        return dict(params=(local + s.adapters) * param_bytes, grads=trained * 4, optimizer=device, host=host,
+                    adapters=s.adapters)
 
     worst = max((stage_bytes(s) for s in stages), key=lambda row: row["params"] + row["grads"] + row["optimizer"])
     per_device = dict(params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"])
@@ -181,6 +231,7 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
     during_rollout = cpu + sum(per_device[k] for k in ("params", "grads", "optimizer") if getattr(off, k))
     devices_per_node = min(cfg.trainer.devices_per_node, world)
     return dict(total_params=sum(s.dense + s.experts for s in stages), per_device=per_device, reference=ref,
+                adapters_per_device=worst["adapters"],
                 reference_on_host=ref_on_host, cpu_per_node_training=cpu * devices_per_node,
                 cpu_per_node_rollout=during_rollout * devices_per_node, dp=dp, expert_dp=expert_dp,
                 stages=len(stages))
@@ -193,7 +244,8 @@ def layout_problems(cfg: Config, spec, hf: dict) -> list[str]:
     from rlcore.megatron.model import transformer_config
 
     p = cfg.actor.parallel
-    problems = divisibility_problems(transformer_config(spec, hf, cfg.actor.dtype), cfg)
+    unsplit = transformer_config(spec, hf, cfg.actor.dtype)
+    problems = divisibility_problems(unsplit, cfg) + lora_problems(unsplit, cfg)
     if problems:
         return problems
     try:
@@ -232,7 +284,13 @@ def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]
         + f" = {sum(d.values()) / GIB:.1f} GiB (busiest stage; activations, rollout weights and KV cache not "
         f"included)",
     ]
-    if reference:
+    if cfg.actor.lora.rank:
+        lora = cfg.actor.lora
+        lines.append(f"lora       rank {lora.rank} on {', '.join(lora.target_modules)}: "
+                     f"{m['adapters_per_device'] / 1e6:.1f}M adapter parameters per device, the only ones with "
+                     f"gradients and optimizer state (the base frozen); the reference policy is the model with "
+                     f"its adapters off (no copy)")
+    if reference and not cfg.actor.lora.rank:
         lines.append(f"reference  {m['reference'] / GIB:.1f} GiB per device, the frozen policy of the KL term: "
                      + ("on the host between its passes (in CPU/node below)" if m["reference_on_host"] else
                         "kept on the device (in the total above)")

@@ -190,6 +190,7 @@ def check_values(cfg: Config) -> None:
             raise ConfigError(f"config key {key!r} = {value!r} is not allowed: use {allowed}")
     world = cfg.trainer.world_size
     _check_layout("actor", cfg.actor, world, "trainer.world_size")
+    lora_config(cfg.actor.lora)
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
     if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < cfg.rollout.sync_every - 1:
@@ -232,6 +233,20 @@ def check_values(cfg: Config) -> None:
                           f"last step, trainer.steps = {cfg.trainer.steps}: list steps from 1 to {cfg.trainer.steps}")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
+
+
+def lora_config(section, seed: int = 0) -> Any:
+    """``actor.lora`` as the adapters' ``LoRAConfig`` (None when rank is 0: off), initialised from ``seed``; a bad
+    value is a ConfigError naming the key."""
+    from rlcore.megatron.lora import LoRAConfig
+
+    if section.rank == 0:
+        return None
+    try:
+        return LoRAConfig(rank=section.rank, alpha=section.alpha, dropout=section.dropout,
+                          target_modules=tuple(section.target_modules), seed=seed)
+    except ValueError as e:   # LoRAConfig's messages start "LoRA <key>"
+        raise ConfigError(str(e).replace("LoRA ", "actor.lora.", 1)) from e
 
 
 def _check_layout(section: str, model, world: int, world_key: str) -> None:

@@ -113,8 +113,20 @@ class TrainedModelConfig:
 
 
 @dataclass
+class LoRASection:
+    """Low-rank adapters on the actor's linears (``rlcore.megatron.lora``): the base weights frozen, only the
+    adapters trained; the reference policy is the model with its adapters off."""
+    rank: int = 0                 # 0 = off (full fine-tuning); e.g. 16
+    alpha: float = 32.0           # the adapters' scale is alpha / rank (PEFT's)
+    dropout: float = 0.0          # on the adapters' input, in [0, 1)
+    target_modules: List[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1",
+                                                               "linear_fc2"])   # megatron-core's linear names
+
+
+@dataclass
 class ActorConfig(TrainedModelConfig):
     offload: ActorOffloadConfig = field(default_factory=ActorOffloadConfig)
+    lora: LoRASection = field(default_factory=LoRASection)
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)

@@ -1,0 +1,60 @@
+"""``actor.lora`` as a user sets it: bad values are one line naming the key, and ``--dry-run`` reports adapter-only
+gradients and optimizer state (no reference copy) and refuses targets the adapters cannot serve yet."""
+import pytest
+
+from rlcore.config import load_config
+from rlcore.errors import ConfigError
+from rlcore.plugins import load_plugins
+from rlcore.sizing import dry_run
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor.lora.rank=-1"], "actor.lora.rank=-1: must be a positive integer"),
+    (["actor.lora.rank=8", "actor.lora.alpha=0"], "actor.lora.alpha=0.0: must be positive"),
+    (["actor.lora.rank=8", "actor.lora.dropout=1"], "actor.lora.dropout=1.0: must be in [0, 1)"),
+    (["actor.lora.rank=8", "actor.lora.target_modules=[router]"], "the MoE router is never adapted"),
+    (["actor.lora.rank=8", "actor.lora.target_modules=[linear_qkvv]"], "choose from linear_qkv, linear_proj"),
+])
+def test_bad_values_are_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("quickstart", overrides)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_off_by_default():
+    assert load_config("quickstart").actor.lora.rank == 0
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_plugins(["qwen3"]).registry
+
+
+def report(registry, preset, *overrides):
+    cfg = load_config(preset, list(overrides))
+    return dry_run(cfg, registry.get("models", cfg.model.family), reference=True)
+
+
+def per_device(text):
+    line = next(line for line in text.splitlines() if line.startswith("per device"))
+    return {k: float(line.split(f"{k} ")[1].split(" GiB")[0]) for k in ("params", "grads", "optimizer")}
+
+
+def test_dry_run_counts_adapters_only(registry):
+    _, full = report(registry, "qwen3-8b-gsm8k-8gpu")
+    problems, lora = report(registry, "qwen3-8b-gsm8k-8gpu", "actor.lora.rank=16")
+    assert not problems
+    print(full, lora, sep="\n")
+    f, a = per_device(full), per_device(lora)
+    assert a["grads"] < 0.01 * f["grads"] and a["optimizer"] < 0.02 * f["optimizer"]
+    assert a["params"] >= f["params"]                              # the base weights stay, adapters on top
+    assert "reference  " in full and "reference  " not in lora     # no frozen copy: adapters off instead
+    assert "lora       rank 16" in lora
+
+
+def test_dry_run_refuses_adapters_on_experts(registry):
+    problems, _ = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16")
+    assert problems and "linear_fc1/linear_fc2, which are MoE experts" in problems[0]
+    problems, _ = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16",
+                         "actor.lora.target_modules=[linear_qkv,linear_proj]")
+    assert not problems
