@@ -23,6 +23,9 @@ LAYOUTS = {
     "cp2": ["trainer.world_size=2", "actor.parallel.cp=2"],
     "tp2xcp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.cp=2"],
     "tp2-sp": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.parallel.sp=true"],
+    # LoRA adapters split over TP (sequence-parallel tags on the replicated factors), merged weights pushed
+    "tp2-sp-lora": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.parallel.sp=true", "actor.lora.rank=8",
+                    "actor.lora.alpha=16", "actor.optim.lr=0.001"],
     # the weight sync over torch.distributed broadcasts instead of shared memory (what multi-host runs use)
     "tp2-collectives": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.sync_transport=collectives"],
     # Qwen3-MoE, experts split over 2 ranks; a short warm start is enough for a logprob check

@@ -1,5 +1,6 @@
 """The Megatron actor: the policy, read per token as log-probabilities (and entropy), plus a frozen reference copy
-when an algorithm asks for one, and the resharder that streams its weights to the rollout engine.
+when an algorithm asks for one (with LoRA, the model itself with its adapters off), and the resharder that streams
+its weights to the rollout engine (with LoRA, the merged weights).
 
 Log-probabilities come from vocab-parallel cross-entropy (logp = -CE), exact under tensor parallelism without
 gathering the vocabulary.
@@ -7,7 +8,7 @@ gathering the vocabulary.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 import torch
@@ -18,6 +19,8 @@ from rlcore.data import Batch
 from rlcore.weight_sync.reshard import Resharder
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.hf_to_megatron import ConvertedWeights
+from rlcore.config.loader import lora_config
+from rlcore.megatron.lora import LoRAConfig, adapters, adapters_enabled
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
@@ -34,9 +37,13 @@ class MegatronActor(MegatronTrainable):
                  sync_transport: str = "auto", total_updates: int = 0):
         super().__init__(spec, hf_config, cfg, optimizer, hf_state, seed, total_updates)
         self.reference: torch.nn.Module | None = None
+        self.reference_is_base = False    # LoRA: the reference policy is this model with its adapters off
         self._parked_reference: list[tuple[torch.Tensor, torch.Tensor]] = []   # its params' host copies, if offloaded
         self._head: OutputHead | None = None
         self.resharder = Resharder(self.model, self.converter, bucket_bytes, sync_transport)
+
+    def lora_config(self, seed: int) -> LoRAConfig | None:
+        return lora_config(self.cfg.lora, seed)
 
     def token_outputs(self, output, labels, extras):
         """logp of each label; with ``extras`` also the policy's entropy (with grad only when it is trained on:
@@ -81,7 +88,11 @@ class MegatronActor(MegatronTrainable):
 
     def freeze_reference(self) -> None:
         """Keep a frozen copy of the current weights as the reference policy (for KL terms); with
-        ``actor.offload.reference`` it lives on the host and comes to the device only for its passes."""
+        ``actor.offload.reference`` it lives on the host and comes to the device only for its passes. With LoRA
+        the base weights never change: the reference is the model with its adapters off, no copy."""
+        if any(True for _ in adapters(self.model)):
+            self.reference_is_base = True
+            return
         reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
                                  self.cfg.parallel.last_stage_layers)
         reference.load_state_dict(self.model.state_dict(), strict=False)
@@ -102,10 +113,14 @@ class MegatronActor(MegatronTrainable):
     def logprobs(self, batch: Batch, reference: bool = False, temperature: float = 1.0) -> torch.Tensor:
         """Per-label-position logprobs [N, S] of the actor (or the frozen reference) at ``temperature``, on every
         rank."""
-        model = self.reference if reference else self.ddp
+        context: AbstractContextManager
+        if reference and self.reference_is_base:
+            model, context = self.ddp, adapters_enabled(self.model, False)
+        else:
+            model, context = (self.reference, self._reference_on_device()) if reference else (self.ddp, nullcontext())
         if model is None:
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
-        with self._reference_on_device() if reference else nullcontext():
+        with context:
             return self.per_token(model, batch, hook=lambda m: self._reading_tokens(m, temperature))
 
     def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +113,14 @@ class LoRAAdapter(torch.nn.Module):
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    @torch.no_grad()
+    def merged(self, weight: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of W + B A * scale, from this rank's factors alone: B A has W's shard's shape in both
+        layouts (column: B [out/tp, r] A [r, in]; row: B [out, r] A [r, in/tp]), so no rank needs another's.
+        Summed in float32, returned in W's dtype."""
+        delta = torch.matmul(self.B.detach().float(), self.A.detach().float()) * self.scale
+        return (weight.detach().float() + delta).to(weight.dtype)
+
     def _set_tp_attributes(self, sharded: torch.nn.Parameter, dim: int, replicated: torch.nn.Parameter) -> None:
         """What megatron-core reads off a parameter: the gradient norm counts the sharded one on every TP rank (a
         replicated one on the first only); the replicated one, under sequence parallelism, has a per-chunk gradient
@@ -121,6 +129,24 @@ class LoRAAdapter(torch.nn.Module):
 
         set_tensor_model_parallel_attributes(sharded, True, dim, 1)
         setattr(replicated, "sequence_parallel", self.sequence_parallel)
+        self.sharded_factor = ("A" if sharded is self.A else "B", dim)
+
+    def checkpoint_entries(self, base_entries: Callable[..., dict]) -> Callable[..., dict]:
+        """The adapted linear's ``sharded_state_dict``: the base's, whose entries for the adapter (its child's
+        parameters, which the base takes for replicated ones) get the TP-sharded factor declared as sharded along
+        its TP axis, so that a distributed checkpoint keeps every TP rank's part and a resume reshards it."""
+        from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
+
+        def sharded_state_dict(prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+            entries = base_entries(prefix, sharded_offsets, metadata)
+            name, axis = self.sharded_factor
+            key = f"{prefix}lora.{name}"
+            groups = {"tp_group": self.tp_group, "dp_cp_group": metadata["dp_cp_group"]} if metadata else {}
+            entries[key] = make_tp_sharded_tensor_for_checkpoint(getattr(self, name), key, axis,
+                                                                 prepend_offsets=sharded_offsets, **groups)
+            return entries
+
+        return sharded_state_dict
 
 
 class ColumnLoRA(LoRAAdapter):
@@ -183,6 +209,7 @@ def attach_lora(base: Any, cfg: LoRAConfig, name: str) -> LoRAAdapter:
     b = torch.zeros(weight.shape[0], cfg.rank)   # [out/tp, r] for a column-parallel W, [out, r] for a row one
     adapter = kind(base, a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), cfg)
     base.lora = adapter
+    base.sharded_state_dict = adapter.checkpoint_entries(base.sharded_state_dict)
     return adapter
 
 

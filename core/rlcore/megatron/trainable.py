@@ -11,7 +11,7 @@ padding (``rlcore.megatron.packing``). Each rank is given its data-parallel shar
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,9 @@ from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
+
+if TYPE_CHECKING:
+    from rlcore.megatron.lora import LoRAConfig
 
 # loss_fn(per-token output [b, S] with grad, micro-batch, **extras) -> (scalar loss share of the mini-batch,
 # metrics of this micro-batch); the actor's output is logp (extras: entropy), the critic's the values
@@ -109,6 +112,11 @@ class MegatronTrainable:
         init_parallel(cfg.parallel.tp, cfg.parallel.pp, seed, cfg.parallel.ep, cfg.parallel.cp)
         self.spec, self.hf_config, self.cfg = spec, hf_config, cfg
         self.model, self.converter = self.build(hf_state)
+        lora = self.lora_config(seed)
+        if lora is not None:   # before DDP and the optimizer, which then hold buffers and state for adapters only
+            from rlcore.megatron.lora import add_lora
+
+            add_lora(self.model, lora)
         self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
             use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
         # after backward: reduce grads over data-parallel ranks and all-reduce the grads of parameters that TP
@@ -144,6 +152,10 @@ class MegatronTrainable:
             load_hf_into(model, converter, hf_state)
         return model, converter
 
+    def lora_config(self, seed: int) -> LoRAConfig | None:
+        """The adapters to train instead of the whole model (``rlcore.megatron.lora``); None: full fine-tuning."""
+        return None
+
     def token_outputs(self, output: torch.Tensor, labels: torch.Tensor, extras: bool) -> tuple[torch.Tensor, dict]:
         """The model's output [b, S, ...] -> the per-token tensor [b, S] a pass returns, and (when ``extras``)
         further per-token tensors handed to the loss function by keyword."""
@@ -151,12 +163,14 @@ class MegatronTrainable:
 
     # --- memory hand-off ---------------------------------------------------------------------------------------
     def _memory(self, what: str) -> list[torch.Tensor]:
-        """The tensors behind ``params`` / ``grads`` (Megatron DDP's contiguous buffers) or ``optimizer`` (its
+        """The tensors behind ``params`` / ``grads`` (Megatron DDP's contiguous buffers; params also the frozen
+        parameters, which have none) or ``optimizer`` (its
         state tensors and fp32 main params, one per storage, on the device only: not those sharing storage with the
         buffers, such as an fp32 model's main params, nor the hybrid optimizer's host state)."""
         buffers = list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
-        if what == "params":
-            return [b.param_data for b in buffers if b.param_data is not None]
+        if what == "params":   # and the frozen ones DDP keeps no buffer for (LoRA's base weights)
+            frozen = [p for p in self.model.parameters() if not p.requires_grad]
+            return [b.param_data for b in buffers if b.param_data is not None] + frozen
         if what == "grads":
             return [b.grad_data for b in buffers]
         if what == "optimizer":

@@ -31,6 +31,8 @@ from rlcore.weight_sync.transport import make_exchange
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
+    from rlcore.megatron.lora import LoRAAdapter
+
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
@@ -100,11 +102,24 @@ def global_name(model: GPTModel, local_name: str, ep_rank: int | None = None) ->
 def named_weights(model: GPTModel, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
     """(local name, tensor) of everything the HF checkpoint holds: the parameters, and the buffers that the model
     plugin's rules name: state kept outside the optimizer, such as a MoE router's expert bias (aux-loss-free load
-    balancing), which megatron-core registers as a buffer."""
-    yield from model.named_parameters()
+    balancing), which megatron-core registers as a buffer. LoRA adapters' factors are not HF weights (the weights
+    they adapt are sent merged: ``merged_weights``)."""
+    yield from ((name, p) for name, p in model.named_parameters() if not is_adapter_parameter(name))
     for name, buffer in model.named_buffers():
         if global_name(model, name) in converter.by_megatron:
             yield name, buffer
+
+
+def is_adapter_parameter(local_name: str) -> bool:
+    return ".lora." in local_name
+
+
+def adapted_weights(model: GPTModel) -> dict[str, LoRAAdapter]:
+    """Global name of each weight a LoRA adapter adapts -> its adapter (``rlcore.megatron.lora``)."""
+    from rlcore.megatron.lora import LoRAAdapter
+
+    return {global_name(model, f"{name}.weight"): module.lora for name, module in model.named_modules()
+            if isinstance(getattr(module, "lora", None), LoRAAdapter)}
 
 
 def is_expert(param: torch.Tensor) -> bool:
@@ -136,6 +151,7 @@ class Resharder:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         tp_size, tp_rank = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
         self.local: dict[str, torch.Tensor] = {}
+        self.adapters = adapted_weights(model)   # LoRA: these weights are sent as W + B A * scale
         held = []
         for local_name, param in named_weights(model, converter):
             name = global_name(model, local_name)
@@ -228,7 +244,7 @@ class Resharder:
                 regions.setdefault(writer, []).append(partial(self._destinations, entry=e, offset=offset,
                                                               index=index, meta=meta))
                 if writer == self.rank:
-                    shard = self.local[e.name].detach()
+                    shard = self._current(e.name)
                     own.append([source for _, source in self._pieces(stand_in, e, offset, index, shard)])
         return self.exchange.assemble(bucket.numel, bucket.dtype, regions, own)
 
@@ -236,12 +252,18 @@ class Resharder:
                       meta: torch.Tensor) -> list[torch.Tensor]:
         return [view for view, _ in self._pieces(buffer, entry, offset, index, meta)]
 
+    def _current(self, name: str) -> torch.Tensor:
+        """This rank's piece of ``name`` as the engine is to see it: an adapted weight merged with its adapter, each
+        rank merging its own shard."""
+        adapter = self.adapters.get(name)
+        return self.local[name].detach() if adapter is None else adapter.merged(self.local[name])
+
     def _bucket_tensors(self, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
         buffer = self._assembled(bucket)
         tensors = []
         for e, offset in zip(bucket.entries, bucket.offsets):
             if e.everywhere:
-                tensors.extend(self.converter.to_hf(e.name, [self.local[e.name].detach()]))
+                tensors.extend(self.converter.to_hf(e.name, [self._current(e.name)]))
             else:
                 tensors.extend(zip((n for n, _ in e.hf), self._hf_views(buffer, e, offset)))
         self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,

@@ -1,0 +1,83 @@
+"""End to end with LoRA (``actor.lora``): the quickstart (real megatron-core actor, real vLLM engine, GRPO) learns
+with rank-8 adapters, the engine agreeing with the actor after every weight sync (merged weights pushed); the run's
+HF export is a plain HF model (merged weights) that gives the actor's logprobs in transformers; and in a KL run the
+reference policy is the starting model with the adapters off."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import SHORT_QUICKSTART
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+# LoRA's usual learning rate is ~10x full fine-tuning's (the quickstart's 1e-4); with it the quickstart learns in
+# as many steps as full fine-tuning does
+LORA = ["actor.lora.rank=8", "actor.lora.alpha=16", "actor.optim.lr=0.001", "trainer.check_logprobs_every=1"]
+
+
+def run_quickstart(tmp_path, cache, overrides):
+    from rlcore.config import load_config
+    from rlcore.plugins import load_plugins
+    from rlcore.run import Run
+
+    torch.set_num_threads(1)
+    cfg = load_config("quickstart", SHORT_QUICKSTART + LORA + [f"run.dir={tmp_path / 'run'}",
+                                                               f"warm_start.cache_dir={cache}", *overrides])
+    run = Run(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+    run.summary = run.train()
+    return run
+
+
+def transformers_logprobs(path, batch):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(batch["input_ids"]).logits
+    return torch.log_softmax(logits, -1).gather(-1, torch.roll(batch["input_ids"], -1, 1).unsqueeze(-1))[..., 0]
+
+
+def probe(run):
+    from rlcore.data import Batch, build_sequences
+
+    prompts = [run.source.encode("12+35=")] * 2
+    responses = [run.source.encode("47"), run.source.encode("48")]
+    return Batch(build_sequences(prompts, responses, run.eos_id))
+
+
+def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_start_cache):
+    from safetensors import safe_open
+
+    run = run_quickstart(tmp_path, warm_start_cache, [])
+    try:
+        s = run.summary
+        history = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
+        print(f"LoRA rank 8: held-out accuracy {s['eval_accuracy_before']:.3f} -> {s['eval_accuracy_after']:.3f}; "
+              f"worst engine check {max(h['check/logprob_max_diff'] for h in history):.2e}")
+        assert s["eval_accuracy_after"] >= s["eval_accuracy_before"] + 0.10, s   # the quickstart test's margin
+        assert max(h["check/logprob_max_diff"] for h in history) < 1e-3
+        assert all(h["sync/bytes"] > 0 for h in history[1:])
+        hf_dir = os.path.join(s["run_dir"], "hf")
+        names = [n for f in os.listdir(hf_dir) if f.endswith(".safetensors")
+                 for n in safe_open(os.path.join(hf_dir, f), "pt").keys()]
+        assert names and not [n for n in names if "lora" in n.lower()]
+        batch = probe(run)
+        ours = run.workers.workers[0].actor.logprobs(batch)
+        mask = batch["response_mask"].bool()
+        assert (ours[mask] - transformers_logprobs(hf_dir, batch)[mask]).abs().max() < 1e-4
+    finally:
+        run.close()
+
+
+def test_reference_is_the_starting_model_with_adapters_off(tmp_path):
+    """A KL run (as a user launches it: its own process, the reference built as the run builds it). The first update
+    trains the starting model itself (B = 0), so its KL to the reference is 0 only if the reference is the starting
+    model; later updates move away from it. The reference logprobs after updates equal the starting model's, and no
+    second model is built: tests/parallel/test_lora_actor.py."""
+    from rlcore.testing import run_grpo_smoke
+
+    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, *LORA, "algorithm.kl_coef=0.05")
+    kl = [h["actor/kl_ref"] for h in history]
+    assert kl[0] == 0.0 and kl[-1] > 0.0, kl
