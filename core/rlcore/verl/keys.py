@@ -211,8 +211,8 @@ def optim_rows(verl: str, section: str) -> list[Key]:
                 ("10", {f"{to}.lr_warmup_steps": 40}), needs=("data.train_batch_size=1024",
                                                            f"{verl}.ppo_mini_batch_size=256")),
         grouped(f"{o}.lr_warmup_steps_ratio", f"{section}_warmup", (f"{to}.lr_warmup_steps",),
-                "warm-up as a share of the run's optimizer updates (needs trainer.total_training_steps, or "
-                "total_epochs with the training files on this machine)",
+                "warm-up as a share of the run's steps, then counted in updates as lr_warmup_steps is (needs "
+                "trainer.total_training_steps, or total_epochs with the training files on this machine)",
                 ("0.1", {f"{to}.lr_warmup_steps": 5}), needs=("trainer.total_training_steps=50",)),
         mapped(f"{o}.lr_decay_style", f"{to}.lr_schedule",
                choice({"constant": "constant", "cosine": "cosine", "linear": "linear"}, f"{to}.lr_schedule"),
@@ -223,7 +223,8 @@ def optim_rows(verl: str, section: str) -> list[Key]:
                ("[0.9,0.95]", {f"{to}.adam_beta1": 0.9, f"{to}.adam_beta2": 0.95})),
         refused(f"{o}.optimizer", "rlcore's Megatron optimizers are Adam(W) (adam, hybrid_adam)", f"{to}.name",
                 accepts=("adam",)),
-        refused(f"{o}.lr_warmup_init", "warm-up starts from 0 in rlcore", f"{to}.lr_warmup_steps", accepts=(0, 0.0)),
+        refused(f"{o}.lr_warmup_init", "rlcore's warm-up rises linearly from 0 (its first update at lr / N)",
+                f"{to}.lr_warmup_steps", accepts=(0, 0.0)),
         ignored(f"{o}.total_training_steps", "set by verl itself from the trainer's steps"),
         ignored(f"{o}.lr_decay_steps", "rlcore decays over the whole run", accepts=(None,),
                 closest=f"{to}.lr_schedule"),
