@@ -21,7 +21,8 @@ from rlcore.verl.translate import families_of, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "data" / "verl"
-A = "actor_rollout_ref.actor"
+ARR = "actor_rollout_ref"
+A = f"{ARR}.actor"
 OTC = f"{A}.megatron.override_transformer_config"
 
 
@@ -192,7 +193,8 @@ def test_an_unknown_verl_key_is_refused_with_a_did_you_mean():
 
 
 def test_refusals_name_the_value_why_and_the_closest_setting():
-    cases = {f"{A.rsplit('.', 1)[0]}.model.lora.rank=8": "LoRA adapters are not trained",
+    cases = {"critic.model.lora.rank=8": "rlcore adapts the actor only (only 0 has a counterpart); closest rlcore "
+                                         "setting: actor.lora.rank",
              f"{A.rsplit('.', 1)[0]}.rollout.top_p=0.9": "closest rlcore setting: rollout.temperature",
              "algorithm.adv_estimator=reinforce_plus_plus": "closest rlcore setting: algorithm.name",
              "algorithm.rollout_correction.rollout_rs=token_k2": "geometric-mean ratio only"}
@@ -224,6 +226,18 @@ def test_keys_read_together():
     t = translate([f"+{OTC}.num_layers_in_last_pipeline_stage=6", "~actor_rollout_ref.model.override_config"])
     assert t.overrides == {"actor.parallel.last_stage_layers": 6, "actor.dtype": "bfloat16"}
     assert t.lines[1].status == IGNORED and "'~'" in t.lines[1].note
+
+
+def test_verls_lora_keys_in_both_forms_set_the_actors_adapters():
+    megatron = translate([f"{ARR}.model.lora.rank=16", f"{ARR}.model.lora.alpha=32",
+                          f"{ARR}.model.lora.target_modules=[linear_qkv,linear_fc1]"])
+    fsdp = translate([f"{ARR}.model.lora_rank=16", f"{ARR}.model.lora_alpha=32",
+                      f"{ARR}.model.target_modules=[q_proj,k_proj,v_proj,up_proj,gate_proj]"])
+    for t in (megatron, fsdp):
+        lora = load_config("quickstart", t.dotlist()).actor.lora
+        assert (lora.rank, lora.alpha, lora.target_modules) == (16, 32.0, ["linear_qkv", "linear_fc1"])
+    every = translate([f"{ARR}.model.lora_rank=8", f"{ARR}.model.target_modules=all-linear"]).overrides
+    assert every["actor.lora.target_modules"] == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 
 
 def test_total_epochs_counts_the_training_rows(tmp_path):
@@ -388,9 +402,10 @@ def test_translate_command_writes_yaml_that_the_dry_run_accepts(tmp_path, monkey
     capsys.readouterr()
     assert main(["run", "--dry-run", str(out)]) == 0
     assert "world 96 = tp 8 x pp 12" in capsys.readouterr().out
-    assert main(["run", "--verl", "--dry-run", "actor_rollout_ref.model.lora.rank=8"]) == 2
+    assert main(["run", "--verl", "--dry-run", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("rlcore: error: verl key 'actor_rollout_ref.model.lora.rank' = 8")
+    assert err.count("\n") == 1 and err.startswith("rlcore: error: verl key "
+                                                    "'actor_rollout_ref.actor.policy_loss.loss_mode' = gspo")
     assert main(["run", "--verl", "--dry-run", "deepseek-v3-671b-96gpu", "data.train_batch_size=96",
                  "actor_rollout_ref.rollout.n=4", "trainer.steps=2"]) == 0
     printed = capsys.readouterr().out

@@ -70,6 +70,22 @@ def as_paths(v: Any) -> list[str]:
     return list(items)
 
 
+HF_TO_MEGATRON_LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv",
+                          "o_proj": "linear_proj", "gate_proj": "linear_fc1", "up_proj": "linear_fc1",
+                          "down_proj": "linear_fc2"}
+ALL_LINEARS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+
+
+def lora_targets(v: Any) -> list[str]:
+    """verl's LoRA target modules -> megatron-core's linear names: its Megatron form as is, its FSDP form (HF's
+    projection names, or all-linear) mapped; the order kept, each once."""
+    items = v if isinstance(v, list) else [v]
+    if not items or not all(isinstance(x, str) for x in items):
+        raise Refused(f"{v!r} is not a module name or a list of them")
+    names = ALL_LINEARS if items == ["all-linear"] else [HF_TO_MEGATRON_LINEARS.get(str(x), str(x)) for x in items]
+    return list(dict.fromkeys(names))
+
+
 def one(fn: Callable[[Any], Any]) -> Callable[[Any], tuple]:
     return lambda v: (fn(v),)
 
@@ -304,13 +320,40 @@ TABLE: list[Key] = [
     ignored(f"{ARR}.model.override_config.model_config.max_position_embeddings", "rlcore takes the context length "
             "from the checkpoint's config.json (RoPE does not depend on it)"),
     refused(f"{ARR}.model.override_config.*", "rlcore takes the model's sizes from its config.json", "model.path"),
-    refused(f"{ARR}.model.lora.rank", "LoRA adapters are not trained by rlcore (full fine-tuning only)", "(none)",
-            accepts=(0,)),
-    ignored(f"{ARR}.model.lora.*", "LoRA options, used only with lora.rank > 0 (refused)"),
-    refused(f"{ARR}.model.lora_rank", "LoRA adapters are not trained by rlcore (full fine-tuning only)", "(none)",
-            accepts=(0,)),
-    *[ignored(f"{ARR}.model.{k}", "a LoRA option, used only with lora_rank > 0 (refused)")
-      for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")],
+    # LoRA: verl's Megatron keys (model.lora.*, megatron-core's linear names) and its FSDP ones (model.lora_rank, HF's
+    # projection names) both set actor.lora; rlcore merges the adapters into each weight it sends the engine
+    mapped(f"{ARR}.model.lora.rank", "actor.lora.rank", one(as_int), "adapter rank (0: off, full fine-tuning)",
+           ("16", {"actor.lora.rank": 16})),
+    mapped(f"{ARR}.model.lora.alpha", "actor.lora.alpha", one(as_float), "the adapters' scale is alpha / rank",
+           ("32", {"actor.lora.alpha": 32.0})),
+    mapped(f"{ARR}.model.lora.dropout", "actor.lora.dropout", one(as_float), "dropout on the adapters' input",
+           ("0.05", {"actor.lora.dropout": 0.05})),
+    mapped(f"{ARR}.model.lora.target_modules", "actor.lora.target_modules", one(lora_targets),
+           "the adapted linears, megatron-core's names",
+           ("[linear_qkv,linear_proj]", {"actor.lora.target_modules": ["linear_qkv", "linear_proj"]})),
+    refused(f"{ARR}.model.lora.exclude_modules", "rlcore adapts exactly the target_modules",
+            "actor.lora.target_modules", accepts=([], None)),
+    refused(f"{ARR}.model.lora.type", "rlcore's adapters are plain LoRA", "actor.lora.rank", accepts=("lora",)),
+    refused(f"{ARR}.model.lora.dropout_position", "rlcore's dropout is on the adapters' input", "actor.lora.dropout",
+            accepts=("pre",)),
+    ignored(f"{ARR}.model.lora.merge", "rlcore sends the engine each adapted weight merged (W + B A x scale)"),
+    ignored(f"{ARR}.model.lora.lora_A_init_method", "rlcore initialises A as PEFT does; B starts at 0, so the "
+            "starting model is the base model either way"),
+    refused(f"{ARR}.model.lora.lora_B_init_method", "B starts at 0 in rlcore (the starting model is the base model)",
+            "actor.lora.rank", accepts=("zero",)),
+    ignored(f"{ARR}.model.lora.a2a_experimental", ENGINE_TUNING, accepts=(False,)),
+    mapped(f"{ARR}.model.lora_rank", "actor.lora.rank", one(as_int), "verl's FSDP name of lora.rank",
+           ("8", {"actor.lora.rank": 8})),
+    mapped(f"{ARR}.model.lora_alpha", "actor.lora.alpha", one(as_float), "verl's FSDP name of lora.alpha",
+           ("16", {"actor.lora.alpha": 16.0})),
+    mapped(f"{ARR}.model.target_modules", "actor.lora.target_modules", one(lora_targets),
+           "HF's projection names (verl's FSDP form): all-linear is every one; q/k/v_proj are the fused linear_qkv "
+           "(adapting one adapts all three), o_proj linear_proj, gate/up_proj linear_fc1, down_proj linear_fc2",
+           ("[q_proj,v_proj,o_proj]", {"actor.lora.target_modules": ["linear_qkv", "linear_proj"]})),
+    refused(f"{ARR}.model.exclude_modules", "rlcore adapts exactly the target_modules", "actor.lora.target_modules",
+            accepts=([], None)),
+    refused(f"{ARR}.model.lora_adapter_path", "adapters start fresh in rlcore (no saved adapter is loaded)",
+            "actor.lora.rank", accepts=(None,)),
     refused(f"{ARR}.model.mtp.enable", "multi-token prediction layers are not trained", "(none)", accepts=(False,)),
     ignored(f"{ARR}.model.mtp.*", "used only with mtp.enable=True (refused)"),
     ignored(f"{ARR}.model.use_shm", "rlcore reads checkpoints from their directory"),
@@ -493,6 +536,9 @@ TABLE: list[Key] = [
     *optim_rows("critic", "critic"),
     mapped("critic.model.path", "critic.model_path", one(as_str), "the value model's starting checkpoint",
            ("/ckpt/q", {"critic.model_path": "/ckpt/q"})),
+    refused("critic.model.lora.rank", "rlcore adapts the actor only", "actor.lora.rank", accepts=(0,)),
+    refused("critic.model.lora_rank", "rlcore adapts the actor only", "actor.lora.rank", accepts=(0,)),
+    ignored("critic.model.lora.*", "used only with critic.model.lora.rank > 0 (refused)"),
     ignored("critic.model.trust_remote_code", "rlcore reads config.json itself and runs no remote code"),
     ignored("critic.model.*", "the critic is built as the actor's family"),
     mapped("critic.ppo_micro_batch_size_per_gpu", "critic.micro_batch_size", one(as_int),
