@@ -12,11 +12,15 @@ import torch
 
 from runs import ENV, EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
 
-CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers
+CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers;
+            # LoRA (rank 8) at TP2 with a KL reference on two
     "grpo": [],  # (its export at the end in HF's sharded layout, 1 MB files)
     "ppo": ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_target=0.01"],
     "tp2xpp2": ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2",
                 "trainer.export_max_shard_gb=0.001"],
+    # LoRA adapters split over TP2 (their own checkpoint shards), the KL reference = adapters off
+    "lora-tp2": ["trainer.world_size=2", "actor.parallel.tp=2", "actor.lora.rank=8", "actor.lora.alpha=16",
+                 "actor.optim.lr=0.001", "algorithm.kl_coef=0.01"],
 }
 
 

@@ -1,9 +1,12 @@
 """End to end with LoRA (``actor.lora``): the quickstart (real megatron-core actor, real vLLM engine, GRPO) learns
 with rank-8 adapters, the engine agreeing with the actor after every weight sync (merged weights pushed); the run's
-HF export is a plain HF model (merged weights) that gives the actor's logprobs in transformers; and in a KL run the
+HF export is a plain HF model (merged weights) that gives the actor's logprobs in transformers, as is `rlcore export`
+of its checkpoint; and in a KL run the
 reference policy is the starting model with the adapters off."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,6 +42,13 @@ def transformers_logprobs(path, batch):
     return torch.log_softmax(logits, -1).gather(-1, torch.roll(batch["input_ids"], -1, 1).unsqueeze(-1))[..., 0]
 
 
+def read_hf(directory):
+    from safetensors.torch import load_file
+
+    return {name: t for f in os.listdir(directory) if f.endswith(".safetensors")
+            for name, t in load_file(os.path.join(directory, f)).items()}
+
+
 def probe(run):
     from rlcore.data import Batch, build_sequences
 
@@ -48,9 +58,7 @@ def probe(run):
 
 
 def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_start_cache):
-    from safetensors import safe_open
-
-    run = run_quickstart(tmp_path, warm_start_cache, [])
+    run = run_quickstart(tmp_path, warm_start_cache, ["trainer.save_every=50"])
     try:
         s = run.summary
         history = [json.loads(line) for line in open(os.path.join(s["run_dir"], "metrics.jsonl"))]
@@ -60,13 +68,21 @@ def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_s
         assert max(h["check/logprob_max_diff"] for h in history) < 1e-3
         assert all(h["sync/bytes"] > 0 for h in history[1:])
         hf_dir = os.path.join(s["run_dir"], "hf")
-        names = [n for f in os.listdir(hf_dir) if f.endswith(".safetensors")
-                 for n in safe_open(os.path.join(hf_dir, f), "pt").keys()]
+        names = list(read_hf(hf_dir))
         assert names and not [n for n in names if "lora" in n.lower()]
         batch = probe(run)
         ours = run.workers.workers[0].actor.logprobs(batch)
         mask = batch["response_mask"].bool()
         assert (ours[mask] - transformers_logprobs(hf_dir, batch)[mask]).abs().max() < 1e-4
+        # `rlcore export` of the run's checkpoint merges the adapters as the run's own export does
+        out = tmp_path / "exported"
+        result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3",
+                                 os.path.join(s["run_dir"], "checkpoints", "step_00000050"), str(out)],
+                                capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        exported, live = read_hf(out), read_hf(hf_dir)
+        assert sorted(exported) == sorted(live)
+        assert max(float((exported[n] - live[n]).abs().max()) for n in live) < 1e-6
     finally:
         run.close()
 

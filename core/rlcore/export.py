@@ -1,6 +1,6 @@
 """`rlcore export <checkpoint> <out dir>`: an HF checkpoint (config.json, sharded safetensors with an index,
 tokenizer) from a run checkpoint, whatever layout saved it, with no rollout engine; loadable by transformers and
-vLLM.
+vLLM. A LoRA run's checkpoint is exported merged (a plain HF model).
 
 Nothing is built but the model's structure on the meta device (``build_gpt(structure_only=True)``): its
 ``sharded_state_dict`` says where each parameter lives in megatron-core's distributed checkpoint, so the weights are
@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,16 +21,25 @@ from rlcore.errors import ConfigError
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from rlcore.megatron.lora import LoRAConfig
+
 
 def checkpoint_hf_weights(directory: str, spec: ModelSpec, hf_config: dict, dtype: str,
-                          bucket_bytes: int = 1 << 30) -> tuple[list[TensorSpec], Iterator[tuple[str, torch.Tensor]]]:
+                          bucket_bytes: int = 1 << 30, lora: LoRAConfig | None = None
+                          ) -> tuple[list[TensorSpec], Iterator[tuple[str, torch.Tensor]]]:
     """The HF tensors of the model saved in ``directory`` (megatron-core's distributed checkpoint of rlcore's
     ``save_model``), as their list and a stream that reads ``bucket_bytes`` of Megatron tensors at a time. Needs a
-    world of one (``init_parallel()``)."""
-    from rlcore.weight_sync.reshard import named_weights
+    world of one (``init_parallel()``). ``lora``: the run trained LoRA adapters (actor.lora); each adapted weight is
+    read with its adapter's factors and written merged (W + B A * scale), as the run's own export writes it."""
+    from rlcore.megatron.lora import add_lora
+    from rlcore.weight_sync.reshard import adapted_weights, named_weights
     from rlcore.megatron.model import build_gpt
 
     model, converter = build_gpt(spec, hf_config, dtype, structure_only=True)
+    if lora is not None:
+        add_lora(model, lora)
+    adapted = adapted_weights(model)    # weight name -> its adapter (the factors' names: <linear>.lora.A / .B)
     located = model.sharded_state_dict()
     params = list(named_weights(model, converter))
     specs = [TensorSpec(name, tuple(t.shape), p.dtype) for n, p in params for name, t in converter.to_hf(n, [p])]
@@ -48,10 +58,14 @@ def checkpoint_hf_weights(directory: str, spec: ModelSpec, hf_config: dict, dtyp
                                                               apply_factory_merges)
 
         from rlcore.megatron.checkpoint import read_regions
+        from rlcore.megatron.lora import merge
 
         for bucket in buckets:
+            wanted = [(name, p) for name, p in bucket]
+            wanted += [(f"{name[:-len('weight')]}lora.{factor}", getattr(adapted[name], factor))
+                       for name, _ in bucket if name in adapted for factor in ("A", "B")]
             request = {name: dataclasses.replace(located[name], data=torch.empty(p.shape, dtype=p.dtype))
-                       for name, p in bucket}
+                       for name, p in wanted}
             factories = {n: v for n, v in request.items() if isinstance(v, ShardedTensorFactory)}
             apply_factories(request)     # e.g. a gated fc1 is stored as its gate and up halves
             regions: dict = {}
@@ -61,7 +75,11 @@ def checkpoint_hf_weights(directory: str, spec: ModelSpec, hf_config: dict, dtyp
             read_regions(directory, regions)
             loaded = apply_factory_merges(dict_list_map_inplace(lambda sh: sh.data, request), factories)
             for name, _ in bucket:
-                yield from converter.to_hf(name, [loaded.pop(name)])
+                weight = loaded.pop(name)
+                if name in adapted:
+                    factors = f"{name[:-len('weight')]}lora."
+                    weight = merge(weight, loaded.pop(factors + "A"), loaded.pop(factors + "B"), adapted[name].scale)
+                yield from converter.to_hf(name, [weight])
 
     return specs, stream()
 
@@ -70,6 +88,7 @@ def export_checkpoint(path: str, out: str, plugin_names: list[str] | None = None
                       max_shard_bytes: int = 5 * 10**9) -> str:
     from rlcore.checkpoint import STATE
     from rlcore.config import config_from_dict
+    from rlcore.config.loader import lora_config
     from rlcore.megatron.model import save_hf
     from rlcore.megatron.parallel import init_parallel
     from rlcore.plugins import load_plugins
@@ -84,7 +103,8 @@ def export_checkpoint(path: str, out: str, plugin_names: list[str] | None = None
     spec = load_plugins(plugin_names).registry.get("models", state["model"]["family"])
     hf_config = state["model"]["hf_config"]
     init_parallel()
-    specs, tensors = checkpoint_hf_weights(os.path.join(path, "actor", "model"), spec, hf_config, cfg.actor.dtype)
+    specs, tensors = checkpoint_hf_weights(os.path.join(path, "actor", "model"), spec, hf_config, cfg.actor.dtype,
+                                           lora=lora_config(cfg.actor.lora, cfg.run.seed))
     save_hf(tensors, specs, hf_config, out, max_shard_bytes)
     tokenizer = os.path.join(path, "tokenizer")
     for name in os.listdir(tokenizer) if os.path.isdir(tokenizer) else []:

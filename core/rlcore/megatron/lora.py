@@ -118,8 +118,7 @@ class LoRAAdapter(torch.nn.Module):
         """This rank's shard of W + B A * scale, from this rank's factors alone: B A has W's shard's shape in both
         layouts (column: B [out/tp, r] A [r, in]; row: B [out, r] A [r, in/tp]), so no rank needs another's.
         Summed in float32, returned in W's dtype."""
-        delta = torch.matmul(self.B.detach().float(), self.A.detach().float()) * self.scale
-        return (weight.detach().float() + delta).to(weight.dtype)
+        return merge(weight, self.A, self.B, self.scale)
 
     def _set_tp_attributes(self, sharded: torch.nn.Parameter, dim: int, replicated: torch.nn.Parameter) -> None:
         """What megatron-core reads off a parameter: the gradient norm counts the sharded one on every TP rank (a
@@ -193,6 +192,13 @@ class RowLoRA(LoRAAdapter):
         else:
             h = partial
         return torch.matmul(h, self.B.t()) * self.scale
+
+
+@torch.no_grad()
+def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """W + B A * scale, summed in float32, in W's dtype."""
+    delta = torch.matmul(b.detach().float(), a.detach().float()) * scale
+    return (weight.detach().float() + delta).to(weight.dtype)
 
 
 def attach_lora(base: Any, cfg: LoRAConfig, name: str) -> LoRAAdapter:
