@@ -138,3 +138,17 @@ def test_a_list_key_given_one_value_is_a_list_of_it(tmp_path):
     f.write_text("trainer: {loggers: jsonl}\n")
     assert load_config(str(f), []).trainer.loggers == ["jsonl"]
     assert load_config(str(f), ["trainer.loggers=[console,jsonl]"]).trainer.loggers == ["console", "jsonl"]
+
+
+def test_a_run_directory_expands_home_and_is_fixed_in_the_config():
+    """verl's recipes name checkpoint folders under ~ (the translated ones keep them): a run writes there, not into a
+    folder literally named '~'."""
+    import os
+
+    from rlcore.run import run_directory
+
+    cfg = load_config("quickstart", ["run.dir=~/verl/ckpt/x"])
+    assert run_directory(cfg) == os.path.expanduser("~/verl/ckpt/x") == cfg.run.dir
+    cfg = load_config("quickstart", [])
+    named = run_directory(cfg)
+    assert named.startswith("runs" + os.sep) and cfg.run.dir == named == run_directory(cfg)

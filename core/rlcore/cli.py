@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import warnings
 
 
@@ -60,14 +59,13 @@ def cmd_run(args) -> int:
 
     from rlcore.checkpoint import how_to_resume
     from rlcore.errors import WorkerDied
-    from rlcore.run import Run
+    from rlcore.run import Run, run_directory
 
     torch.set_num_threads(1)
     if translation is not None:                    # saved beside the run's config, so its directory is named now
         from rlcore.verl.command import save
 
-        cfg.run.dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-        save(translation, cfg.run.dir)
+        save(translation, run_directory(cfg))
     run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
     try:
         summary = run.train()

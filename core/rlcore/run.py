@@ -77,7 +77,7 @@ class Run:
         from rlcore.workers.worker import ActorRolloutWorker, ActorWorker
 
         cfg = self.cfg
-        self.run_dir = cfg.run.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        self.run_dir = run_directory(cfg)
         os.makedirs(self.run_dir, exist_ok=True)
         self.resume_from = resolve_resume(self.run_dir, cfg.trainer.resume)   # refused here, before workers start
         with open(os.path.join(self.run_dir, "run.json"), "w") as f:
@@ -190,3 +190,11 @@ class Run:
             if group is not None:
                 group.stop()
         self._workers = self.critic = self.rollout = None
+
+
+def run_directory(cfg) -> str:
+    """Where a run writes: run.dir (``~`` expanded, as verl's checkpoint folders are written), else
+    runs/<start time>. Fixed once: the config then holds it."""
+    started = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    cfg.run.dir = os.path.expanduser(cfg.run.dir) if cfg.run.dir else started
+    return cfg.run.dir
