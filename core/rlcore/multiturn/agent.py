@@ -69,6 +69,7 @@ class ToolAgent(Agent):
         stats = EpisodeStats()
         samples = [Transcript(self._first_prompt(messages, schemas, sampling.max_tokens))]
         budget, finish, versions = sampling.max_tokens, "stop", [engine.version, engine.version]
+        # turn t is seeded seed + 7919 t: sample j of a prompt has seed + j, so a prime stride keeps turns apart
         for turn in range(self.cfg.max_turns):
             done = await engine.generate(samples[-1].tokens, dataclasses.replace(sampling, max_tokens=budget),
                                          None if seed is None else seed + 7919 * turn, f"{request_id}-turn{turn}")
