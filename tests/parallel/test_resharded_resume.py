@@ -1,7 +1,9 @@
 """Resume at another parallel layout: a checkpoint saved at TP2 x PP2 (4 processes) loads at TP1 (1 process) and the
-reverse, for the actor with its optimizer state and for the critic. The loaded weights equal the saved ones exactly
-(so the logprobs agree to TP numerics), and one more update at the new layout equals the update the old layout made
-within the gradient-equivalence tolerance of test_gradient_equivalence.py."""
+reverse, for the actor with its optimizer state, for the critic, and for an actor with LoRA adapters (the TP-split
+factors stored in a layout every TP size reads: a gated fc1's B as megatron-core stores its W, gates then ups). The
+loaded weights equal the saved ones exactly (so the logprobs agree to TP numerics), and one more update at the new
+layout equals the update the old layout made within the gradient-equivalence tolerance of
+test_gradient_equivalence.py."""
 import textwrap
 
 import pytest
@@ -14,7 +16,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from safetensors.torch import save_file
-    from rlcore.config.schema import ActorConfig, OptimConfig, ParallelConfig
+    from rlcore.config.schema import ActorConfig, LoRASection, OptimConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
@@ -28,8 +30,8 @@ RANK_SCRIPT = textwrap.dedent("""
     hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                               head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
     cfg = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-2, clip_grad=0.0),
-                      parallel=ParallelConfig(tp=tp, pp=pp))
-    cls = MegatronActor if role == "actor" else MegatronCritic
+                      parallel=ParallelConfig(tp=tp, pp=pp), lora=LoRASection(rank=4 if role == "lora" else 0))
+    cls = MegatronCritic if role == "critic" else MegatronActor
     # the loading side starts from other weights (seed 1, no checkpoint): everything must come from the load
     model = cls(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path) if mode == "save" else None,
                 seed=0 if mode == "save" else 1)
@@ -43,7 +45,7 @@ RANK_SCRIPT = textwrap.dedent("""
     tokens = float(batch["response_mask"].sum())
 
     def update():
-        if role == "actor":
+        if role != "critic":
             model.train_step(share, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", tokens,
                                                               len(batch)), {}))
         else:
@@ -51,7 +53,7 @@ RANK_SCRIPT = textwrap.dedent("""
                                                              "token-mean", tokens, len(batch)), {}))
 
     def view():
-        if role == "actor":
+        if role != "critic":
             return {"logprobs": model.logprobs(batch) * batch["response_mask"],
                     **{n: t.contiguous().clone() for n, t in model.hf_weights()}}
         return {"values": model.values(batch) * batch["response_mask"]}
@@ -88,7 +90,8 @@ LAYOUTS = {"tp2xpp2": (4, 2, 2), "tp1": (1, 1, 1)}
 
 
 @pytest.mark.parametrize("role, saved_at, loaded_at", [("actor", "tp2xpp2", "tp1"), ("actor", "tp1", "tp2xpp2"),
-                                                       ("critic", "tp2xpp2", "tp1")])
+                                                       ("critic", "tp2xpp2", "tp1"), ("lora", "tp2xpp2", "tp1"),
+                                                       ("lora", "tp1", "tp2xpp2")])
 def test_resume_at_another_layout(checkpoint, role, saved_at, loaded_at):
     tmp, hf_checkpoint = checkpoint
     saved = run(tmp, "save", hf_checkpoint, tmp / f"{role}-at-{saved_at}", role, *LAYOUTS[saved_at])
@@ -97,7 +100,7 @@ def test_resume_at_another_layout(checkpoint, role, saved_at, loaded_at):
     for name in saved:
         if name.startswith("loaded/") and "logprobs" not in name and "values" not in name:
             assert torch.equal(saved[name], resumed[name]), f"{name}: the loaded weights differ from the saved ones"
-    per_token = "logprobs" if role == "actor" else "values"
+    per_token = "values" if role == "critic" else "logprobs"
     assert (saved[f"loaded/{per_token}"] - resumed[f"loaded/{per_token}"]).abs().max() <= 1e-5
     moved = [(n, (saved[f"next/{n[7:]}"] - saved[n]).abs().max().item()) for n in saved if n.startswith("loaded/")]
     assert max(m for _, m in moved) > 1e-3, "the update after the resume changed nothing"

@@ -94,6 +94,9 @@ class LoRAAdapter(torch.nn.Module):
         self.scale = cfg.scale
         self.dropout = cfg.dropout
         self.enabled = True
+        # a gated MLP's fc1 (set by attach_lora): each TP rank's rows are [gate_i; up_i], which megatron-core's MLP
+        # checkpoints as all gates then all ups (a layout every TP size reads); B's rows follow W's, stored alike
+        self.gate_up_rows = False
         self.tp_group = base.tp_group
         self.tp_size = _size_and_rank(self.tp_group)[0]
         self.sequence_parallel = bool(base.sequence_parallel) and self.tp_size > 1
@@ -134,6 +137,7 @@ class LoRAAdapter(torch.nn.Module):
         """The adapted linear's ``sharded_state_dict``: the base's, whose entries for the adapter (its child's
         parameters, which the base takes for replicated ones) get the TP-sharded factor declared as sharded along
         its TP axis, so that a distributed checkpoint keeps every TP rank's part and a resume reshards it."""
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
 
         def sharded_state_dict(prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
@@ -143,6 +147,9 @@ class LoRAAdapter(torch.nn.Module):
             groups = {"tp_group": self.tp_group, "dp_cp_group": metadata["dp_cp_group"]} if metadata else {}
             entries[key] = make_tp_sharded_tensor_for_checkpoint(getattr(self, name), key, axis,
                                                                  prepend_offsets=sharded_offsets, **groups)
+            if self.gate_up_rows:   # stored as W is: the gate halves of all TP ranks, then the up halves
+                entries[key] = apply_swiglu_sharded_factory(entries[key], sharded_offsets,
+                                                            (metadata or {}).get("singleton_local_shards", False))
             return entries
 
         return sharded_state_dict
@@ -214,6 +221,7 @@ def attach_lora(base: Any, cfg: LoRAConfig, name: str) -> LoRAAdapter:
         a = a.chunk(tp_size, dim=1)[tp_rank].contiguous()
     b = torch.zeros(weight.shape[0], cfg.rank)   # [out/tp, r] for a column-parallel W, [out, r] for a row one
     adapter = kind(base, a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), cfg)
+    adapter.gate_up_rows = name.endswith(".linear_fc1") and bool(getattr(base.config, "gated_linear_unit", False))
     base.lora = adapter
     base.sharded_state_dict = adapter.checkpoint_entries(base.sharded_state_dict)
     return adapter
