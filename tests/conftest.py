@@ -9,8 +9,7 @@ import pytest
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# A short quickstart: the preset's model, task and algorithm, fewer RL steps.
-SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]
+from runs import SHORT_QUICKSTART  # noqa: E402  (tests/ is on sys.path for its conftest)
 
 
 def shared_tmp(tmp_path_factory) -> Path:

@@ -10,6 +10,7 @@ import time
 import psutil
 
 STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
+SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]   # the preset, fewer RL steps
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 

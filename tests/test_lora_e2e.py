@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SHORT_QUICKSTART
+from runs import SHORT_QUICKSTART
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

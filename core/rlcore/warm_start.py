@@ -25,6 +25,7 @@ import torch
 from rlcore.config.schema import Config, WarmStartConfig
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import RlcoreError
+from rlcore.hf_config import with_transformers_defaults
 from rlcore.rewards import Scores
 from rlcore.specs import ModelSpec, Task
 from rlcore.evaluation import eval_metrics
@@ -64,7 +65,7 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
     hf_config = spec.tiny_hf_config(vocab_size=vocab, **dataclasses.asdict(cfg.model.tiny))
     if check is not None:
         try:
-            check(hf_config)
+            check(with_transformers_defaults(hf_config))     # complete, as the run reads a checkpoint's
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
