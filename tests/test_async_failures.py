@@ -75,8 +75,9 @@ def outliving(processes: list[psutil.Process], within: float) -> list[psutil.Pro
 
 
 def stopped_with_one_line(code, took, err, others) -> str:
-    """The run's last line, once checked that it exited non-zero within 30 s, without a traceback, leaving nothing."""
-    assert code not in (0, None) and took < 30, (code, took, err[-3000:])
+    """The run's last line, once checked that it exited non-zero within 60 s (a hung push waits its own 300 s; beside
+    the whole suite on 2 cores a prompt stop took 33.7 s once), without a traceback, leaving nothing."""
+    assert code not in (0, None) and took < 60, (code, took, err[-3000:])
     assert "Traceback" not in err and "ActorDiedError" not in err, err[-3000:]
     alive = outliving(others, within=30)
     assert not alive, f"outlived the run: {alive}"
