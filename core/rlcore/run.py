@@ -154,7 +154,7 @@ class Run:
         state = {**self.source.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
                  "eval_before": eval_before, "learner_version": self.learner.version, "config": to_dict(self.cfg),
                  "plugins": self.plugins.describe(),
-                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config}}
+                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config, "path": self.model_path}}
         return self.checkpointer.save(step, self.trained_groups(), state, self.tokenizer)
 
     def restore(self, path: str) -> tuple[int, dict]:
