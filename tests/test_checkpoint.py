@@ -112,6 +112,39 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
     assert (served - expected).abs().max() < 1e-4, (served, expected)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(tmp_path, uninterrupted):
+    """The LoRA run's checkpoint holds the adapters and their optimizer state, not the frozen base (a fraction of
+    its bytes), and records the base it applies to; a resume onto other base weights is refused by file name."""
+    import shutil
+
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    from rlcore.checkpoint import STATE, base_fingerprint, check_compatible
+    from rlcore.errors import ConfigError
+
+    checkpoint = uninterrupted("lora-tp2", run_dir=True) / "checkpoints" / f"step_{STEPS:08d}"
+    keys = list(load_tensors_metadata(str(checkpoint / "actor" / "model")))
+    assert keys and all(".lora." in key for key in keys), [k for k in keys if ".lora." not in k][:4]
+    state = json.loads((checkpoint / STATE).read_text())
+    base = state["model"]["path"]
+    assert state["model"]["base"] == base_fingerprint(base) and state["model"]["base"]
+    saved = sum(f.stat().st_size for f in (checkpoint / "actor").rglob("*") if f.is_file())
+    weights = sum(size for size, _ in state["model"]["base"].values())
+    assert saved < weights / 2, (saved, weights)
+    args = (str(checkpoint), state["model"]["family"], state["model"]["hf_config"], state["plugins"], state["config"])
+    check_compatible(*args, base)
+    other = tmp_path / "other-base"
+    shutil.copytree(base, other)
+    weights_file = sorted(other.glob("*.safetensors"))[-1]
+    data = bytearray(weights_file.read_bytes())
+    data[-1] ^= 1                    # the last tensor's last byte: same names, same sizes, other weights
+    weights_file.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=f"differs in {weights_file.name}: set model.path to the base"):
+        check_compatible(*args, str(other))
+
+
 def test_which_checkpoint_a_run_resumes_from(tmp_path):
     from rlcore.checkpoint import STATE, resolve_resume
     from rlcore.errors import ConfigError

@@ -124,14 +124,46 @@ class Checkpointer:
         return True
 
 
-def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict) -> None:
-    """Refuse, before any worker starts, a checkpoint of another model family, architecture or plugin set, naming
-    the difference and the override that resumes anyway (``trainer.resume_strict=false``)."""
+SAMPLED_BYTES = 1 << 20
+
+
+def base_fingerprint(model_path: str) -> dict[str, list]:
+    """What a LoRA checkpoint's adapters apply to, which the checkpoint does not hold: each weight file of the HF
+    checkpoint ``model_path`` as [size, sha256 of its first and last MiB]. Reads 2 MiB per file at any model size;
+    another checkpoint differs in a name or size, or in the header and the first and last tensors' bytes."""
+    import hashlib
+
+    found = {}
+    for file in sorted(glob.glob(os.path.join(model_path, "*.safetensors"))):
+        size = os.path.getsize(file)
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            digest.update(f.read(SAMPLED_BYTES))
+            f.seek(max(0, size - SAMPLED_BYTES))
+            digest.update(f.read(SAMPLED_BYTES))
+        found[os.path.basename(file)] = [size, digest.hexdigest()]
+    return found
+
+
+def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict,
+                     model_path: str) -> None:
+    """Refuse, before any worker starts, a checkpoint of another model family, architecture or plugin set, or LoRA
+    adapters trained on other base weights than ``model_path``'s, naming the difference and the override that
+    resumes anyway (``trainer.resume_strict=false``)."""
     with open(os.path.join(path, STATE)) as f:
         saved = json.load(f)
     if not config["trainer"]["resume_strict"]:
         return
     force = "; resume anyway with trainer.resume_strict=false"
+    base = saved["model"].get("base")
+    if base is not None:
+        now = base_fingerprint(model_path)
+        differ = sorted(name for name in set(base) | set(now) if base.get(name) != now.get(name))
+        if differ:
+            raise ConfigError(f"checkpoint {path} holds LoRA adapters trained on the base weights in "
+                              f"{saved['model'].get('path')}; this run's base {model_path} differs in "
+                              f"{', '.join(differ[:3])}: set model.path to the base the adapters were trained "
+                              f"on{force}")
     if saved["model"]["family"] != family:
         raise ConfigError(f"checkpoint {path} is of model family {saved['model']['family']!r}, this run's is "
                           f"{family!r}{force}")

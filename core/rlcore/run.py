@@ -88,6 +88,8 @@ class Run:
                                          cfg.trainer.checkpoint_async)
         self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards, check=self._check_model)
         hf_config = read_hf_config(self.model_path)
+        # a LoRA checkpoint holds the adapters only; these are the base weights they apply to, checked on resume
+        self.lora_base = checkpoint.base_fingerprint(self.model_path) if cfg.actor.lora.rank else None
         try:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts
@@ -97,7 +99,7 @@ class Run:
         self.hf_config = hf_config
         if self.resume_from:
             checkpoint.check_compatible(self.resume_from, cfg.model.family, hf_config, self.plugins.describe(),
-                                        to_dict(cfg))
+                                        to_dict(cfg), self.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.eos_id = self.tokenizer.eos_token_id
         self.task.bind_tokenizer(self.tokenizer)
@@ -154,7 +156,8 @@ class Run:
         state = {**self.source.state_dict(), "algorithm": self.algorithm.state(self.algo_cfg),
                  "eval_before": eval_before, "learner_version": self.learner.version, "config": to_dict(self.cfg),
                  "plugins": self.plugins.describe(),
-                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config, "path": self.model_path}}
+                 "model": {"family": self.cfg.model.family, "hf_config": self.hf_config, "path": self.model_path,
+                           **({"base": self.lora_base} if self.lora_base is not None else {})}}
         return self.checkpointer.save(step, self.trained_groups(), state, self.tokenizer)
 
     def restore(self, path: str) -> tuple[int, dict]:

@@ -32,8 +32,9 @@ RANK_SCRIPT = textwrap.dedent("""
     cfg = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-2, clip_grad=0.0),
                       parallel=ParallelConfig(tp=tp, pp=pp), lora=LoRASection(rank=4 if role == "lora" else 0))
     cls = MegatronCritic if role == "critic" else MegatronActor
-    # the loading side starts from other weights (seed 1, no checkpoint): everything must come from the load
-    model = cls(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path) if mode == "save" else None,
+    # the loading side starts from other weights (seed 1, no checkpoint): everything must come from the load; with
+    # LoRA it starts from the base weights, as a resumed run does (the checkpoint holds the adapters only)
+    model = cls(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path) if mode == "save" or role == "lora" else None,
                 seed=0 if mode == "save" else 1)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]

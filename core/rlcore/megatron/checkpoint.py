@@ -30,9 +30,34 @@ def _metadata() -> dict:
     return {**LOAD_METADATA, "dp_cp_group": mpu.get_data_parallel_group(with_context_parallel=True)}
 
 
+def model_entries(model, metadata: dict) -> dict:
+    """The model's checkpoint entries. With LoRA adapters only theirs: the frozen base weights are the HF checkpoint
+    the run started from (the controller records which and checks it on resume), so a LoRA checkpoint is
+    adapter-sized and a resume reads the base from where the run reads it anyway."""
+    from rlcore.megatron.lora import adapters
+    from rlcore.weight_sync.reshard import is_adapter_parameter
+
+    entries = model.sharded_state_dict(metadata=metadata)
+    if next(adapters(model), None) is None:
+        return entries
+    return {name: entry for name, entry in entries.items() if is_adapter_parameter(name)}
+
+
+def _load_into(model, loaded: dict) -> None:
+    """Put loaded entries into ``model``: all of them, or with LoRA all of the adapters' (nothing else was saved)."""
+    from rlcore.weight_sync.reshard import is_adapter_parameter
+
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    adapter_only = all(is_adapter_parameter(name) for name in loaded)
+    missing = [name for name in missing if not adapter_only or is_adapter_parameter(name)]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint entries do not match the model: missing {missing[:4]}, unexpected "
+                           f"{unexpected[:4]}")
+
+
 def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
     metadata = _metadata()
-    model = trainable.model.sharded_state_dict(metadata=metadata)
+    model = model_entries(trainable.model, metadata)
     if not with_optimizer:
         return {"model": model}
     if not loading:
@@ -90,10 +115,10 @@ def load_weights(model, directory: str) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict(metadata=_metadata())}, directory,
+    loaded = dist_checkpointing.load({"model": model_entries(model, _metadata())}, directory,
                                      sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
-    model.load_state_dict(loaded["model"], strict=True)
+    _load_into(model, loaded["model"])
 
 
 def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
@@ -109,7 +134,7 @@ def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
     taken = without_absent_main_params(request["optimizer"], dist_checkpointing.load_tensors_metadata(directory).keys())
     loaded = dist_checkpointing.load(request, directory, sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
-    trainable.model.load_state_dict(loaded["model"], strict=True)
+    _load_into(trainable.model, loaded["model"])
     fill_main_params(taken, model_request, loaded["model"])
     # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
     with torch.no_grad():
