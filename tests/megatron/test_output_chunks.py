@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rlcore.config.schema import ActorConfig
+from rlcore.config.schema import ActorConfig, LoRASection
 from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
 from rlcore.megatron.actor import MegatronActor
@@ -89,3 +89,29 @@ def test_chunked_training_takes_the_same_updates_holding_one_chunk_of_logits():
     micro_batch_tokens = 2 * BATCH["input_ids"].shape[1]
     assert seen["whole"][1] >= micro_batch_tokens        # the check sees whole logits where they exist
     assert seen["chunked"][1] == 5
+
+
+class WeightCopiesPerPosition(TorchDispatchMode):
+    """Shapes of the tensors created while active that hold the output weight [vocab, hidden] once per position."""
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dim() >= 3 and tuple(t.shape[-2:]) == (VOCAB, HF["hidden_size"]):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_a_frozen_output_layer_is_not_copied_per_position():
+    """LoRA freezes the output layer. Its backward multiplies the logits' gradient, a transposed view, by the frozen
+    weight, which torch.matmul did by broadcasting the weight to [positions, vocab, hidden] (Qwen2.5-0.5B: 8.1 GB
+    for 32 positions, bench/lora_memory.py); the gradient is made contiguous first, so it is one matrix product."""
+    actor = MegatronActor(QWEN3, HF, ActorConfig(micro_batch_size=2, entropy_coef=0.01, lora=LoRASection(rank=4)),
+                          SPECS[0], hf_state=random_hf_state(HF, 0.1))
+    assert not actor.model.embedding.word_embeddings.weight.requires_grad
+    with WeightCopiesPerPosition() as copies:
+        update(actor)
+    assert copies.shapes == []
