@@ -24,8 +24,22 @@ def check_rollout_backend(cfg: Config, registry: Registry, hf_config: dict[str, 
     """The rollout backend says whether it can serve this model (architecture, sizes) with these settings; ``here``:
     on this machine (false for a dry run, which plans for others)."""
     backend = registry.get("rollout_backends", cfg.rollout.backend)
+    if cfg.rollout.lora == "adapters":
+        check_adapter_sync(cfg, backend.lora_adapters, hf_config)
     if backend.check:
         backend.check(hf_config, cfg.rollout, here)
+
+
+def check_adapter_sync(cfg: Config, serves_adapters: bool, hf_config: dict[str, Any]) -> None:
+    """``rollout.lora=adapters`` needs an engine that serves LoRA adapters and that starts from the base weights."""
+    if not serves_adapters:
+        raise ConfigError(f"rollout.lora = 'adapters' with rollout.backend = {cfg.rollout.backend!r}: that backend "
+                          f"does not serve LoRA adapters; use rollout.lora=merged (the adapted weights sent merged) "
+                          f"or a backend that does (vllm)")
+    if hf_config.get("quantization_config"):
+        raise ConfigError("rollout.lora = 'adapters' with a quantized checkpoint (config.json's quantization_config): "
+                          "the engine cannot start from its files (rlcore dequantizes them and pushes the weights), "
+                          "so it has no base weights for the adapters; use rollout.lora=merged")
 
 
 def check_layout(cfg: Config, spec: "ModelSpec", hf_config: dict[str, Any]) -> None:

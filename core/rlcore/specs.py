@@ -122,6 +122,13 @@ class RolloutBackend(abc.ABC):
         """Load a stream of full HF-named tensors into the running engine, replacing its weights; they are
         weights ``version`` from now on."""
 
+    def load_adapters(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        """Serve the base weights with these LoRA adapters from now on (``rollout.lora=adapters``), as weights
+        ``version``: ``tensors`` keyed and shaped as PEFT's ``adapter_model.safetensors``, ``config`` its
+        ``adapter_config.json``. The adapters of the version before are let go (the engine's memory stays flat).
+        Only a backend registered with ``lora_adapters=True`` is asked, and started with ``lora_rank=``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load LoRA adapters")
+
     def release_memory(self) -> None:
         """Free weights and KV cache while training runs (only when ``can_release_memory``)."""
 
@@ -186,10 +193,13 @@ class RolloutBackendSpec:
     first weight push brings the real ones.
     check(hf_config, rollout_config, here), if given, raises ConfigError for a model or settings this engine cannot
     serve (one line: what, and what to do instead); it runs before any worker starts, and on ``--dry-run`` with
-    ``here=False`` (a dry run plans for other machines: leave out the limits of this one, e.g. of a CPU build)."""
+    ``here=False`` (a dry run plans for other machines: leave out the limits of this one, e.g. of a CPU build).
+    ``lora_adapters``: the engine serves LoRA adapters on its base weights (``RolloutBackend.load_adapters``), so
+    ``rollout.lora=adapters`` may use it; the factory then gets ``lora_rank=`` (the adapters' rank, to size them)."""
     name: str
     factory: Callable[..., RolloutBackend]
     check: Callable[[dict, Any, bool], None] | None = None
+    lora_adapters: bool = False
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.devices_per_node", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
+    ("rollout.lora", lambda v: v in ("merged", "adapters"), "merged or adapters"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.mode", lambda v: v in ("colocated", "async"), "colocated or async"),
     ("rollout.world_size", lambda v: v >= 1, "an integer >= 1"),
@@ -191,6 +192,9 @@ def check_values(cfg: Config) -> None:
     world = cfg.trainer.world_size
     _check_layout("actor", cfg.actor, world, "trainer.world_size")
     lora_config(cfg.actor.lora)
+    if cfg.rollout.lora == "adapters" and not cfg.actor.lora.rank:
+        raise ConfigError("rollout.lora = 'adapters' without actor.lora.rank: there are no adapters to send; set "
+                          "actor.lora.rank (e.g. 16) to train adapters, or leave rollout.lora=merged")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
     if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < cfg.rollout.sync_every - 1:

@@ -170,6 +170,10 @@ class RolloutConfig:
                                   # aborted and the group is dropped, counted in async/groups_timed_out (0 = no limit)
     partial: bool = False         # trainer.mode=async: a weight push aborts the requests in flight and resumes them
                                   # with the new weights from their tokens so far (false: the push waits for them)
+    lora: str = "merged"          # with actor.lora: what a weight sync sends the engine. merged: every weight, the
+                                  # adapted ones as W + B A * scale (any engine); adapters: only the adapters' factors
+                                  # (r wide, PEFT's layout), the engine serving the base weights it started from with
+                                  # LoRA on (a backend that can: vllm)
 
 
 @dataclass

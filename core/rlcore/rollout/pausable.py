@@ -186,6 +186,10 @@ class PausableEngine(RolloutBackend):
         """The caller pauses first, so that no request spans the push unrecorded."""
         self.engine.update_weights(named_tensors, version)
 
+    def load_adapters(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        """As ``update_weights``: the caller pauses first."""
+        self.engine.load_adapters(tensors, config, version)
+
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         return self.engine.score(sequences, start)
 

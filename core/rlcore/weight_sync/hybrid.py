@@ -15,6 +15,7 @@ import torch
 
 from rlcore.megatron.trainable import offloaded_parts
 from rlcore.specs import RolloutBackend
+from rlcore.weight_sync.adapters import AdapterSync
 
 
 @dataclass
@@ -27,10 +28,12 @@ class SyncStats:
 class HybridEngine:
     TRAIN, ROLLOUT = "train", "rollout"
 
-    def __init__(self, actor, rollout: RolloutBackend, in_sync: bool = False, offload=None):
+    def __init__(self, actor, rollout: RolloutBackend, in_sync: bool = False, offload=None,
+                 adapters: AdapterSync | None = None):
         """``in_sync``: the engine was started from the checkpoint the actor loaded, so no first push is needed.
-        ``offload``: which of params / grads / optimizer the actor moves to host memory in rollout mode."""
-        self.actor, self.rollout = actor, rollout
+        ``offload``: which of params / grads / optimizer the actor moves to host memory in rollout mode.
+        ``adapters``: a sync sends the LoRA adapters only (``rollout.lora=adapters``), else every weight."""
+        self.actor, self.rollout, self.adapters = actor, rollout, adapters
         self.offloaded = offloaded_parts(offload)
         self.mode = self.TRAIN
         self.weights_version = 0                      # actor updates (the learner's version), pushed with the
@@ -74,6 +77,8 @@ class HybridEngine:
         self.history.append(step)
 
     def sync_weights(self) -> SyncStats:
+        if self.adapters is not None:
+            return self._sync_adapters(self.adapters)
         counted = {"bytes": 0, "tensors": 0}
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -87,3 +92,12 @@ class HybridEngine:
         self.synced_version = self.weights_version
         self.history.append("sync_weights")
         return SyncStats(time.perf_counter() - start, counted["bytes"], counted["tensors"])
+
+    def _sync_adapters(self, adapters: AdapterSync) -> SyncStats:
+        start = time.perf_counter()
+        tensors = adapters.tensors()
+        self.rollout.load_adapters(tensors, adapters.config, self.weights_version)
+        self.synced_version = self.weights_version
+        self.history.append("sync_adapters")
+        return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for t in tensors.values()),
+                         len(tensors))

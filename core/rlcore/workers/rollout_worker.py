@@ -47,7 +47,7 @@ class RolloutWorker:
         from rlcore.rollout.pausable import PausableEngine
 
         from rlcore.hf_checkpoint import weightless_copy
-        from rlcore.workers.worker import starts_weightless
+        from rlcore.workers.worker import engine_lora, starts_weightless
 
         registry = load_plugins(self.plugin_names).registry
         cfg = self.cfg
@@ -57,7 +57,7 @@ class RolloutWorker:
         backend = registry.get("rollout_backends", cfg.rollout.backend).factory(
             weightless_copy(self.model_path, self.engine_dir) if self.engine_dir else self.model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=False,
-            **({"load_weights": False} if self.engine_dir else {}))
+            **({"load_weights": False} if self.engine_dir else {}), **engine_lora(cfg))
         self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
         self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path, cfg, registry)
         self.stats_read = time.perf_counter()
@@ -131,7 +131,12 @@ class RolloutWorker:
         assert self.receiver is not None, "open_push first"
         try:
             version, stream = self.receiver.receive()
-            self.engine.update_weights(stream, version)
+            if self.cfg.rollout.lora == "adapters":
+                from rlcore.weight_sync.adapters import received
+
+                self.engine.load_adapters(*received(stream), version)
+            else:
+                self.engine.update_weights(stream, version)
         except BaseException:   # a push given up halfway: closing the channel tells the sender at once, where it
             self.receiver.close()   # would otherwise wait out its timeout for the rest of the collectives
             self.receiver = None

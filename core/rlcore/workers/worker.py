@@ -15,6 +15,7 @@ from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch, build_sequences
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
+from rlcore.weight_sync.adapters import AdapterSync, pushed
 from rlcore.weight_sync.hybrid import HybridEngine
 from rlcore.weight_sync.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.learner.actor_loss import ActorLoss
@@ -94,6 +95,12 @@ def starts_weightless(model_path: str, hf_config: dict) -> bool:
     from rlcore.quantization import checkpoint_quantization
 
     return is_converted(model_path) or checkpoint_quantization(hf_config) is not None
+
+
+def engine_lora(cfg: Config) -> dict[str, int]:
+    """The rollout backend factory's LoRA keyword: with ``rollout.lora=adapters`` the engine serves adapters of
+    ``actor.lora.rank`` on its base weights (``RolloutBackendSpec.lora_adapters``); else nothing is passed."""
+    return {"lora_rank": cfg.actor.lora.rank} if cfg.rollout.lora == "adapters" else {}
 
 
 class Worker:
@@ -201,6 +208,12 @@ class ActorWorker(Worker):
             self.actor.freeze_reference()
         self.coords = parallel_coords(rank, cfg.rollout.tp if cfg.trainer.mode == "colocated" else 1, world_size)
         self.pusher: WeightPushSender | None = None   # async mode, global rank 0: the sending end of the weight push
+        self.adapter_sync: AdapterSync | None = None  # rollout.lora=adapters: a sync sends the adapters only
+        if cfg.rollout.lora == "adapters":
+            from rlcore.config.loader import lora_config
+
+            self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, lora_config(cfg.actor.lora),
+                                            model_path)
 
     def get_coords(self) -> Coords:
         return self.coords
@@ -227,12 +240,17 @@ class ActorWorker(Worker):
                                            self.cfg.rollout.sync_transport)
 
     def push_weights(self, version: int) -> dict[str, float]:
-        """Collective: every rank streams the full HF tensors (``actor.hf_weights``), rank 0 sends them on."""
+        """Collective: every rank streams the full HF tensors (``actor.hf_weights``), or gathers the adapters
+        (``rollout.lora=adapters``); rank 0 sends them on."""
+        if self.adapter_sync is not None:
+            weights = pushed(self.adapter_sync.tensors(), self.adapter_sync.config)
+        else:
+            weights = self.actor.hf_weights()
         if self.pusher is None:
-            for _ in self.actor.hf_weights():
+            for _ in weights:
                 pass
             return {}
-        stats = self.pusher.send(self.actor.hf_weights(), version)
+        stats = self.pusher.send(weights, version)
         return {"sync/seconds": stats.seconds, "sync/bytes": float(stats.bytes), "sync/tensors": float(stats.tensors)}
 
     def probe_logprobs(self, prompts, responses, pad_id: int) -> torch.Tensor:
@@ -282,9 +300,10 @@ class ActorRolloutWorker(ActorWorker):
         self.rollout = self.registry.get("rollout_backends", cfg.rollout.backend).factory(
             weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=self.hf_config["max_position_embeddings"], distributed=world_size > 1,
-            **({"load_weights": False} if weightless else {}))
+            **({"load_weights": False} if weightless else {}), **engine_lora(cfg))
         self.agent = self.registry.get("agents", cfg.rollout.agent).build(model_path, cfg, self.registry)
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload)
+        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload,
+                                   adapters=self.adapter_sync)
 
     # --- rollout -------------------------------------------------------------------------------------------------
     def rollout_mode(self):

@@ -8,7 +8,10 @@ the colocated source gives each rank of a replica the same prompts.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import tempfile
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
@@ -18,17 +21,20 @@ from rlcore.specs import Completion, RolloutBackend, Sampling
 
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
     from vllm.logprobs import PromptLogprobs, SampleLogprobs
 
 
 class VLLMRollout(RolloutBackend):
     can_release_memory = False  # the CPU build has no sleep mode; set per platform in __init__
+    _adapters: ServedAdapter | None = None   # with lora_rank: the LoRA adapter it serves
 
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
-                 distributed: bool = False, load_weights: bool = True):
+                 distributed: bool = False, load_weights: bool = True, lora_rank: int = 0):
         """``distributed``: every trainer rank hosts its shard of an engine whose tensor-parallel groups are
         consecutive ranks (``rollout.tp`` each), over the trainer's torch.distributed world (external launcher).
-        ``load_weights=False``: placeholder weights until the first push (vLLM's dummy load format)."""
+        ``load_weights=False``: placeholder weights until the first push (vLLM's dummy load format).
+        ``lora_rank``: serve LoRA adapters of this rank (``load_adapters``), one at a time."""
         # The engine runs in this process, so tensors pass to it directly. On CPU it then also binds this
         # process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND) and turns torch.set_num_threads into a no-op.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -47,6 +53,9 @@ class VLLMRollout(RolloutBackend):
         options: dict[str, Any] = {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
         if distributed:
             options.update(tensor_parallel_size=cfg.tp, distributed_executor_backend="external_launcher")
+        self._adapters = ServedAdapter() if lora_rank else None
+        if lora_rank:
+            options.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(lora_rank), max_loras=1)
         self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
                        kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
@@ -69,7 +78,8 @@ class VLLMRollout(RolloutBackend):
         params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
                                 min_tokens=sampling.min_tokens, logprobs=0, seed=seed, detokenize=False, output_kind=RequestOutputKind.DELTA)
-        submit = lambda: self.llm.llm_engine.add_request(request_id, _token_prompts([tokens])[0], params)  # noqa: E731
+        submit = lambda: self.llm.llm_engine.add_request(request_id, _token_prompts([tokens])[0], params,  # noqa: E731
+                                                         lora_request=self._lora_request())
         return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort)
 
     async def _step_while_busy(self) -> None:
@@ -100,7 +110,14 @@ class VLLMRollout(RolloutBackend):
             raise RuntimeError(f"score() with {len(self._in_flight)} requests in flight; score between generations")
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outputs = self.llm.generate(_token_prompts(sequences), params, use_tqdm=False)
+        prompts, lora = _token_prompts(sequences), self._lora_request()
+        if self._adapters is not None and not torch.cuda.is_available():
+            # vLLM 0.32's CPU LoRA (PunicaWrapperCPU.add_lora_logits) indexes a request's prompt-logprob rows by the
+            # batch's requests: with LoRA on, prompt logprobs of several sequences at once fail ("einsum(): subscript
+            # b has size 8 ... with previously seen size 11"); one sequence per call
+            outputs = [self.llm.generate([p], params, use_tqdm=False, lora_request=lora)[0] for p in prompts]
+        else:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
         return [_token_logprobs(o.prompt_logprobs, s, st) for o, s, st in zip(outputs, sequences, start)]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -108,11 +125,76 @@ class VLLMRollout(RolloutBackend):
         self.llm.reset_prefix_cache()
         self.version = version
 
+    def load_adapters(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
+        """vLLM loads an adapter from a PEFT directory: written to shared memory (RAM), added under a new id, the old
+        one removed (``max_loras=1``: one adapter's memory)."""
+        if self._adapters is None:
+            raise RuntimeError("load_adapters on a vLLM engine started without LoRA (lora_rank=0)")
+        engine = self.llm.llm_engine
+        new, old = self._adapters.write(tensors, config, version)
+        if old is not None:
+            engine.remove_lora(old.lora_int_id)
+        if not engine.add_lora(new):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter of weights version {version} ({new.lora_path})")
+        self._adapters.served(new, old)
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def _lora_request(self):
+        return None if self._adapters is None else self._adapters.request
+
     def stop(self) -> None:
         llm = vars(self).pop("llm", None)       # idempotent
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm
+        if self._adapters is not None:
+            self._adapters.close()
+
+
+class ServedAdapter:
+    """The adapter a vLLM engine serves, as the PEFT directory vLLM reads (in /dev/shm where there is one: RAM, no
+    disk), one per version; the LoRA id is the version + 1 (vLLM's ids start at 1)."""
+
+    def __init__(self):
+        self.root = tempfile.mkdtemp(prefix="rlcore-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.request: LoRARequest | None = None
+
+    def write(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> tuple[LoRARequest,
+                                                                                           LoRARequest | None]:
+        """(the new version's request, the one served now)."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        from rlcore.lora_peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+        path = os.path.join(self.root, f"v{version}")
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        # safetensors refuses tensors that share memory (q/k/v_proj share their A): each its own copy
+        save_file({name: t.detach().cpu().contiguous().clone() for name, t in tensors.items()},
+                  os.path.join(path, ADAPTER_WEIGHTS))
+        with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
+            json.dump(config, f)
+        return LoRARequest(f"rlcore-v{version}", version + 1, path, load_inplace=True), self.request
+
+    def served(self, new: LoRARequest, old: LoRARequest | None) -> None:
+        self.request = new
+        if old is not None and old.lora_path != new.lora_path:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """vLLM sizes its LoRA buffers for one of a few ranks (``MaxLoRARanks``): the smallest that holds ``rank``."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    fits = [r for r in allowed if r >= rank]
+    if not fits:
+        raise ValueError(f"actor.lora.rank = {rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; use a "
+                         f"smaller rank or rollout.lora=merged")
+    return fits[0]
 
 
 def _token_prompts(sequences: Sequence[list[int]]) -> list[TokensPrompt]:

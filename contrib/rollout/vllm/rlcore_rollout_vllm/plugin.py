@@ -3,13 +3,13 @@ from rlcore.hookspecs import hookimpl
 from rlcore.specs import RolloutBackendSpec
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True, lora_rank=0):
     from rlcore_rollout_vllm.backend import VLLMRollout
 
     return VLLMRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
-                       load_weights=load_weights)
+                       load_weights=load_weights, lora_rank=lora_rank)
 
 
 @hookimpl
 def rlcore_rollout_backends():
-    return [RolloutBackendSpec("vllm", _make)]
+    return [RolloutBackendSpec("vllm", _make, lora_adapters=True)]
