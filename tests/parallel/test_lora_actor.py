@@ -5,7 +5,8 @@ it holds, what it sends the engine, its reference policy, its checkpoint.
   of the same tiny Qwen3 beside it, for the ratio), as ``--dry-run`` estimates them; the frozen base weights are
   among the parameters that offload moves;
 - weight sync: the HF tensors the LoRA actor streams (W + B A * scale merged per TP shard) loaded into a plain actor
-  give that actor the LoRA actor's logprobs;
+  give that actor the LoRA actor's logprobs; the adapters alone (``rollout.lora=adapters``), gathered in PEFT's layout,
+  give those merged weights;
 - reference: with adapters the reference policy is the model with them off: no second model, and after updates its
   logprobs are still the starting model's;
 - checkpoint: a fresh actor whose adapters start elsewhere (another seed) loads the saved adapters and optimizer state
@@ -30,6 +31,7 @@ from rlcore.megatron.lora import adapters
 from rlcore.megatron.model import transformer_config
 from rlcore.sizing import estimate
 from rlcore.megatron.parallel import shutdown_parallel
+from rlcore.weight_sync.adapters import AdapterSync
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 
@@ -91,6 +93,18 @@ rows["plain_on_merged"] = plain.logprobs(batch)
 rows["hf_names_equal"] = torch.tensor([float(sorted(merged) == sorted(weights))])
 del plain
 
+# the adapters alone (rollout.lora=adapters), gathered from both TP ranks in PEFT's layout: each projection's
+# W + lora_B lora_A * scale is the merged weight the actor streams
+sync = AdapterSync(lora.model, lora.converter, lora.lora_config(0), None)
+peft = sync.tensors()
+worst = 0.0
+for key, a in peft.items():
+    if key.endswith(".lora_A.weight"):
+        module = key[len("base_model.model."):-len(".lora_A.weight")]
+        delta = peft[key.replace(".lora_A.", ".lora_B.")] @ a * (16.0 / 8)
+        worst = max(worst, float((weights[module + ".weight"] + delta - merged[module + ".weight"]).abs().max()))
+rows["adapter_sync"] = torch.tensor([worst, float(len(peft)), float(sync.config["r"])])
+
 # checkpoint at this layout, loaded into an actor whose adapters start elsewhere
 save_model(lora, directory)
 state = {n: p.detach().clone() for n, p in lora.model.named_parameters() if ".lora." in n}
@@ -151,6 +165,15 @@ def test_merged_weights_give_the_lora_actor(tp2):
     assert float(tp2["hf_names_equal"].min()) == 1.0           # the same HF tensors, no adapter factors among them
     mask = tp2["after"][0] != 0
     assert (tp2["plain_on_merged"][0] - tp2["after"][0])[mask].abs().max() < 1e-5
+
+
+def test_adapters_sent_alone_give_the_merged_weights(tp2):
+    """rollout.lora=adapters: both ranks gather the same PEFT adapter, lora_A and lora_B of each of the 2 layers' 7
+    projections (fused q/k/v and gate/up split), whose W + B A * scale equals the merged weight streamed at TP2."""
+    assert torch.equal(tp2["adapter_sync"][0], tp2["adapter_sync"][1])
+    worst, tensors, rank = tp2["adapter_sync"][0].tolist()
+    assert (tensors, rank) == (2 * 2 * 7, 8)
+    assert worst < 1e-6, worst
 
 
 def test_checkpoint_at_tp2_resumes_exactly(tp2):
