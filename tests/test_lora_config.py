@@ -58,3 +58,19 @@ def test_dry_run_refuses_adapters_on_experts(registry):
     problems, _ = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16",
                          "actor.lora.target_modules=[linear_qkv,linear_proj]")
     assert not problems
+
+
+def test_dry_run_sizes_adapters_on_multi_latent_attention():
+    """DeepSeek-V3's attention projections (query compression: down/up, no linear_q_proj) take adapters; a name its
+    attention lacks is refused, listing the ones it has."""
+    registry = load_plugins(["deepseek"]).registry
+    mla = "[linear_q_down_proj,linear_q_up_proj,linear_kv_down_proj,linear_kv_up_proj,linear_proj]"
+    cfg = load_config("deepseek-v3-671b-128gpu", ["actor.lora.rank=16", f"actor.lora.target_modules={mla}"])
+    problems, text = dry_run(cfg, registry.get("models", cfg.model.family), reference=True)
+    assert not problems, problems
+    assert "lora       rank 16 on linear_q_down_proj" in text and per_device(text)["grads"] < 0.1
+    cfg = load_config("deepseek-v3-671b-128gpu", ["actor.lora.rank=16", "actor.lora.target_modules=[linear_q_proj]"])
+    problems, _ = dry_run(cfg, registry.get("models", cfg.model.family), reference=True)
+    assert problems == ["actor.lora.target_modules names linear_q_proj, which this model's attention does not have; "
+                        "its linears are linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj, "
+                        "linear_proj"], problems

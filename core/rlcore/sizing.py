@@ -92,13 +92,28 @@ def _attention_params(c) -> int:
     return h * (n + 2 * c.num_query_groups) * d + n * d * h + norms
 
 
+def _attention_linears(c) -> dict[str, tuple[int, int, bool]]:
+    """The attention's linears by megatron-core name: (input width, output width, column-parallel). Multi-latent
+    attention's are all column-parallel in megatron-core's local spec (the down projections too), the output
+    projection row-parallel."""
+    h, n = c.hidden_size, c.num_attention_heads
+    if getattr(c, "multi_latent_attention", False):
+        qk = c.qk_head_dim + c.qk_pos_emb_head_dim
+        query = ({"linear_q_down_proj": (h, c.q_lora_rank, True), "linear_q_up_proj": (c.q_lora_rank, n * qk, True)}
+                 if c.q_lora_rank else {"linear_q_proj": (h, n * qk, True)})
+        return {**query, "linear_kv_down_proj": (h, c.kv_lora_rank + c.qk_pos_emb_head_dim, True),
+                "linear_kv_up_proj": (c.kv_lora_rank, n * (c.qk_head_dim + c.v_head_dim), True),
+                "linear_proj": (n * c.v_head_dim, h, False)}
+    attention = n * c.kv_channels
+    return {"linear_qkv": (h, attention + 2 * c.num_query_groups * c.kv_channels, True),
+            "linear_proj": (attention, h, False)}
+
+
 def _adapted_linears(c, target_modules, moe: bool, tp: int) -> list[tuple[int, int, bool]]:
     """(input width, output width, column-parallel) of each linear of a layer that ``actor.lora`` adapts (the MoE
     layers' expert linears are not adapted: ``lora_problems`` refuses them)."""
-    h, attention = c.hidden_size, c.num_attention_heads * c.kv_channels
-    ffn = c.ffn_hidden_size
-    widths = {"linear_qkv": (h, attention + 2 * c.num_query_groups * c.kv_channels, True),
-              "linear_proj": (attention, h, False)}
+    h, ffn = c.hidden_size, c.ffn_hidden_size
+    widths = _attention_linears(c)
     if not moe:
         widths |= {"linear_fc1": (h, ffn * (2 if c.gated_linear_unit else 1), True), "linear_fc2": (ffn, h, False)}
     return [widths[t] for t in target_modules if t in widths]
@@ -117,9 +132,13 @@ def lora_problems(c, cfg: Config) -> list[str]:
     if not lora.rank:
         return []
     problems = []
-    if getattr(c, "multi_latent_attention", False) and "linear_qkv" in lora.target_modules:
-        problems.append("actor.lora.target_modules names linear_qkv, which a multi-latent-attention model does not "
-                        "have (adapters on MLA projections are not built yet); target linear_proj")
+    from rlcore.megatron.lora import MLA_TARGETS
+
+    attention = _attention_linears(c)
+    absent = [t for t in lora.target_modules if t in ("linear_qkv", *MLA_TARGETS) and t not in attention]
+    if absent:
+        problems.append(f"actor.lora.target_modules names {', '.join(absent)}, which this model's attention does not "
+                        f"have; its linears are {', '.join(attention)}")
     if any(_moe_layers(c)) and {"linear_fc1", "linear_fc2"} & set(lora.target_modules):
         problems.append("actor.lora.target_modules names linear_fc1/linear_fc2, which are MoE experts in this "
                         "model's MoE layers (adapters on experts are not built yet); target linear_qkv and "

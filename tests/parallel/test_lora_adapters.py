@@ -4,8 +4,9 @@ sequence parallelism.
 One linear of each kind with random non-zero A and B: its output (gathered) and the gradients of its input, A and B
 equal the full-matrix LoRA x W^T + x A^T B^T * scale computed unsharded in plain torch; the base weight gets no
 gradient and no all-gather ever sends it; adapters off give the base output exactly; with dropout, replicated
-adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel with adapters set from per-projection (PEFT-style)
-adapters through the model's own weight rules: its logits equal those of the base model with the merged weights
+adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel, and DeepSeek-V3's and Moonlight's multi-latent
+attention projections, with adapters set from per-projection (PEFT-style) adapters through the model's own weight
+rules (their count is what --dry-run sizes): its logits equal those of the base model with the merged weights
 W + B A * scale in every layout, and so agree between TP1 and TP2; so do the adapters' gradients after one backward
 pass, mapped to per-projection tensors by the same rules."""
 import re
@@ -178,7 +179,7 @@ def test_adapted_linears_equal_full_matrix_lora(tmp_path, layout):
 
 
 GPT_SCRIPT = textwrap.dedent("""
-    import sys, zlib, torch, torch.distributed as dist
+    import importlib, sys, zlib, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
@@ -188,10 +189,12 @@ GPT_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
     from rlcore.weight_sync.reshard import global_name
-    from rlcore_model_qwen3.plugin import QWEN3
 
     out, path, tp, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4]))
+    plugin, spec_name, targets = sys.argv[5], sys.argv[6], tuple(sys.argv[7].split(","))
+    SPEC = getattr(importlib.import_module(plugin), spec_name)
     init_parallel(tp=tp)
     rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
     hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
@@ -205,15 +208,17 @@ GPT_SCRIPT = textwrap.dedent("""
         return torch.cat(parts, -1)
 
     def built(weights):
-        model, converter = build_gpt(QWEN3, hf_config, sequence_parallel=sp)
+        model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
         load_hf_into(model, converter, weights)
         return model.eval(), converter
 
     model, converter = built(hf)
     base = logits(model)
-    cfg = LoRAConfig(rank=4, alpha=8.0)
+    cfg = LoRAConfig(rank=4, alpha=8.0, target_modules=targets)
     params = add_lora(model, cfg)
-    assert len(params) == 2 * 4 * hf_config["num_hidden_layers"], len(params)
+    assert len(params) == 2 * len(targets) * hf_config["num_hidden_layers"], len(params)
+    sized = sum(adapter_params(model.config, cfg.rank, targets, moe, tp) for moe in _moe_layers(model.config))
+    assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, _ in model.named_parameters() if ".lora." in n}, sorted(trainable)
     untouched = logits(model)   # B starts at zero: the base model
@@ -272,32 +277,66 @@ GPT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def adapted_gpt(tmp_path, checkpoint, layout):
+MLA = ("linear_kv_down_proj", "linear_kv_up_proj", "linear_proj")
+# plugin, model spec, targets, per-projection gradient tensors (of both layers: B and A of each adapted HF weight)
+MODELS = {"qwen3": ("rlcore_model_qwen3.plugin", "QWEN3", ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
+                    2 * (4 + 2 + 3 + 2)),   # q/k/v B + A, o_proj A + B, gate/up B + A, down_proj A + B
+          # multi-latent attention: query compression (down/up projections; DeepSeek-V3) or one query projection
+          # (Moonlight); the down projections are column-parallel like the up ones, their output gathered over TP
+          "deepseek_v3": ("rlcore_model_deepseek.plugin", "DEEPSEEK_V3",
+                          ("linear_q_down_proj", "linear_q_up_proj", *MLA), 2 * 5 * 2),
+          "moonlight": ("rlcore_model_deepseek.plugin", "MOONLIGHT", ("linear_q_proj", *MLA), 2 * 4 * 2)}
+CASES = [("qwen3", layout) for layout in sorted(LAYOUTS)] + [("deepseek_v3", "tp1"), ("moonlight", "tp1")]
+TINY_MLA = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
+                ffn_hidden_size=32, max_position_embeddings=32)   # layer 0 dense, layer 1 MoE
+
+
+def adapted_gpt(tmp_path, checkpoint, model, layout):
     procs, sp = LAYOUTS[layout]
-    return run_ranks(GPT_SCRIPT, tmp_path, procs, tmp_path / f"gpt-{layout}.safetensors", checkpoint, procs, sp)
+    plugin, spec, targets, _ = MODELS[model]
+    return run_ranks(GPT_SCRIPT, tmp_path, procs, tmp_path / f"gpt-{layout}.safetensors", checkpoint, procs, sp,
+                     plugin, spec, ",".join(targets))
 
 
 @pytest.fixture(scope="module")
-def one_process_gpt(tmp_path_factory, tiny_qwen3):
-    return adapted_gpt(tmp_path_factory.mktemp("lora_gpt"), tiny_qwen3, "tp1")
+def one_process_gpt(tmp_path_factory, request):
+    """model -> (its tiny checkpoint, the TP1 run), each made once."""
+    runs: dict = {}
+
+    def get(model):
+        if model not in runs:
+            if model == "qwen3":
+                path = request.getfixturevalue("tiny_qwen3")
+            else:
+                import importlib
+
+                from rlcore.testing import tiny_checkpoint
+
+                path = tmp_path_factory.mktemp(model) / "ckpt"
+                tiny_checkpoint(getattr(importlib.import_module(MODELS[model][0]), MODELS[model][1]), str(path),
+                                **TINY_MLA)
+            runs[model] = path, adapted_gpt(tmp_path_factory.mktemp("lora_gpt"), path, model, "tp1")
+        return runs[model]
+
+    return get
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("model, layout", CASES)
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, tiny_qwen3, one_process_gpt, layout):
-    got = one_process_gpt if layout == "tp1" else adapted_gpt(tmp_path, tiny_qwen3, layout)
+def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, one_process_gpt, model, layout):
+    checkpoint, one_process = one_process_gpt(model)
+    got = one_process if layout == "tp1" else adapted_gpt(tmp_path, checkpoint, model, layout)
     assert torch.equal(got["untouched"], got["base"]), "fresh adapters (B = 0) changed the logits"
     assert torch.equal(got["off"], got["base"]), "adapters off is not the base model exactly"
     moved = (got["adapted"] - got["base"]).abs().max().item()
     assert moved > 0.1, moved
     assert (got["adapted"] - got["expected"]).abs().max().item() <= 1e-5 * (1 + moved)
-    assert (got["adapted"] - one_process_gpt["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
+    assert (got["adapted"] - one_process["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
     grads = sorted(n for n in got if n.startswith("grad."))
-    # per layer: q/k/v B + A, o_proj A + B, gate/up B + A, down_proj A + B
-    assert grads == sorted(n for n in one_process_gpt if n.startswith("grad.")) and len(grads) == 2 * (4 + 2 + 3 + 2), grads
+    assert grads == sorted(n for n in one_process if n.startswith("grad.")) and len(grads) == MODELS[model][3], grads
     for name in grads:
-        want = one_process_gpt[name]
+        want = one_process[name]
         assert want.abs().max() > 0, name
         assert (got[name] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), name
 
@@ -308,9 +347,8 @@ def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, tiny_qwen3,
     (dict(dropout=1.0), "LoRA dropout=1.0: must be in [0, 1)"),
     (dict(target_modules=()), "LoRA target_modules is empty"),
     (dict(target_modules=("linear_qkv", "router")), "the MoE router is never adapted"),
-    (dict(target_modules=("linear_kv_down_proj",)), "adapters on multi-latent attention projections are not built"),
     (dict(target_modules=("q_proj",)), "'q_proj', which is not a megatron-core linear rlcore adapts; choose from "
-                                       "linear_qkv, linear_proj, linear_fc1, linear_fc2"),
+                                       "linear_qkv, linear_proj, linear_fc1, linear_fc2, linear_q_proj"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings, message):
     from rlcore.megatron.lora import LoRAConfig

@@ -7,13 +7,14 @@ adds its term through a forward hook, rather than replacing the linear by a wrap
 their names, so the weight rules, the weight sync and a base checkpoint see the model they know.
 
 Layouts (tp = tensor-parallel size, r = rank):
-- column-parallel base W [out/tp, in] (linear_qkv, linear_fc1): A [r, in] replicated, B [out/tp, r] split by rows
-  exactly like W's rows. h = x A^T is complete on every rank; its gradient is partial per rank (each rank's B
-  shard), so h passes a TP region that all-reduces that r-wide gradient in the backward pass (the base all-reduces
-  its own input gradient). With sequence parallelism x holds this rank's sequence chunk: h is computed on the chunk
-  and all-gathered over the sequence (r wide, where the base gathers x, hidden wide); the backward pass
-  reduce-scatters, so A's gradient is per chunk and is summed over TP with the norms' (``sequence_parallel`` tag,
-  which megatron-core's finalize_model_grads all-reduces).
+- column-parallel base W [out/tp, in] (linear_qkv, linear_fc1, and multi-latent attention's projections, whose down
+  projections megatron-core's local spec splits over TP like the up ones, the attention gathering their output): A
+  [r, in] replicated, B [out/tp, r] split by rows exactly like W's rows. h = x A^T is complete on every rank; its
+  gradient is partial per rank (each rank's B shard), so h passes a TP region that all-reduces that r-wide gradient
+  in the backward pass (the base all-reduces its own input gradient). With sequence parallelism x holds this rank's
+  sequence chunk: h is computed on the chunk and all-gathered over the sequence (r wide, where the base gathers x,
+  hidden wide); the backward pass reduce-scatters, so A's gradient is per chunk and is summed over TP with the
+  norms' (``sequence_parallel`` tag, which megatron-core's finalize_model_grads all-reduces).
 - row-parallel base W [out, in/tp] (linear_proj, linear_fc2): A [r, in/tp] split by columns like W's columns, B
   [out, r] replicated. x A^T is a partial sum; it is all-reduced (r wide) before B, in the base's own reduction
   pattern: with sequence parallelism reduce-scattered over the sequence, as the base's output is, and then B's
@@ -45,9 +46,11 @@ import torch.distributed as dist
 
 # megatron-core's names of a dense decoder layer's linears
 DENSE_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
-# names a later increment will make selectable (issue 29); each refused by name until then
-NOT_YET = {name: "multi-latent attention projections" for name in (
-    "linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")}
+# multi-latent attention's projections (DeepSeek-V3, Moonlight): in megatron-core's local spec all column-parallel,
+# the down projections too (their output split over TP and gathered by the attention), so ColumnLoRA's layout holds;
+# linear_q_proj replaces the query down/up pair where the model has no query compression (q_lora_rank None)
+MLA_TARGETS = ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj", "linear_kv_up_proj")
+TARGETS = DENSE_TARGETS + MLA_TARGETS
 
 
 @dataclass(frozen=True)
@@ -68,16 +71,13 @@ class LoRAConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"LoRA dropout={self.dropout!r}: must be in [0, 1)")
         if not self.target_modules:
-            raise ValueError(f"LoRA target_modules is empty: name some of {', '.join(DENSE_TARGETS)}")
+            raise ValueError(f"LoRA target_modules is empty: name some of {', '.join(TARGETS)}")
         for name in self.target_modules:
             if name == "router":
                 raise ValueError("LoRA target_modules names 'router': the MoE router is never adapted; remove it")
-            if name in NOT_YET:
-                raise ValueError(f"LoRA target_modules names {name!r}: adapters on {NOT_YET[name]} are not built yet; "
-                                 f"target {', '.join(DENSE_TARGETS)}")
-            if name not in DENSE_TARGETS:
+            if name not in TARGETS:
                 raise ValueError(f"LoRA target_modules names {name!r}, which is not a megatron-core linear rlcore "
-                                 f"adapts; choose from {', '.join(DENSE_TARGETS)}")
+                                 f"adapts; choose from {', '.join(TARGETS)}")
 
     @property
     def scale(self) -> float:
@@ -229,7 +229,7 @@ def attach_lora(base: Any, cfg: LoRAConfig, name: str) -> LoRAAdapter:
 
 def adapter_kind(base: Any, name: str) -> type[LoRAAdapter]:
     """The adapter for this linear; a ValueError naming it where there is none (yet). The seam for the layers to
-    come: routed experts (grouped or sequential), TransformerEngine's linears, MLA's projections."""
+    come: routed experts (grouped or sequential), TransformerEngine's linears (MLA's duplicated down projections)."""
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     if isinstance(getattr(base, "lora", None), LoRAAdapter):
