@@ -1,5 +1,5 @@
 """``actor.lora`` as a user sets it: bad values are one line naming the key, and ``--dry-run`` reports adapter-only
-gradients and optimizer state (no reference copy) and refuses targets the adapters cannot serve yet."""
+gradients and optimizer state (no reference copy), MoE experts' adapters counted per EP rank."""
 import pytest
 
 from rlcore.config import load_config
@@ -52,12 +52,20 @@ def test_dry_run_counts_adapters_only(registry):
     assert "lora       rank 16" in lora
 
 
-def test_dry_run_refuses_adapters_on_experts(registry):
-    problems, _ = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16")
-    assert problems and "linear_fc1/linear_fc2, which are MoE experts" in problems[0]
-    problems, _ = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16",
-                         "actor.lora.target_modules=[linear_qkv,linear_proj]")
-    assert not problems
+def adapter_millions(text):
+    line = next(line for line in text.splitlines() if line.startswith("lora "))
+    return float(line.split(": ")[1].split("M adapter parameters")[0])
+
+
+def test_dry_run_counts_expert_adapters_per_ep_rank(registry):
+    """Qwen3-30B-A3B at EP8: linear_fc1/fc2 adapt each of an EP rank's 16 routed experts (48 layers, hidden 2048,
+    expert FFN 768, rank 16: 16 x 48 x 16 x (2048 + 2 x 768 + 768 + 2048) = 78.6M) on top of the attention's."""
+    problems, everything = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16")
+    assert not problems, problems
+    _, attention = report(registry, "qwen3-30b-a3b-8gpu", "actor.lora.rank=16",
+                          "actor.lora.target_modules=[linear_qkv,linear_proj]")
+    experts = 16 * 48 * 16 * (2048 + 2 * 768 + 768 + 2048) / 1e6
+    assert abs(adapter_millions(everything) - adapter_millions(attention) - experts) <= 0.1, everything
 
 
 def test_dry_run_sizes_adapters_on_multi_latent_attention():

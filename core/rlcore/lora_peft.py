@@ -17,6 +17,7 @@ Pure tensors and names, no PEFT import: an export must not need PEFT installed t
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -70,8 +71,10 @@ def target_modules(adapted: Iterable[str], hf_weight_names: Iterable[str]) -> li
     return sorted(short) if same_short <= adapted else sorted(adapted)
 
 
-def adapter_config(lora: LoRAConfig, modules: list[str], base_model_name_or_path: str | None) -> dict:
-    """PEFT's ``adapter_config.json`` for adapters on ``modules`` (PEFT's target_modules: ``target_modules``)."""
+def adapter_config(lora: LoRAConfig, modules: list[str], base_model_name_or_path: str | None,
+                   parameters: list[str] | None = None) -> dict:
+    """PEFT's ``adapter_config.json`` for adapters on ``modules`` (PEFT's target_modules: ``target_modules``) and
+    on the MoE experts' parameters ``parameters`` (PEFT's target_parameters: ``expert_target_parameters``)."""
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
     return {
         "peft_type": "LORA",
@@ -91,7 +94,68 @@ def adapter_config(lora: LoRAConfig, modules: list[str], base_model_name_or_path
         "layers_to_transform": None,
         "rank_pattern": {},
         "alpha_pattern": {},
+        "target_parameters": list(parameters) if parameters else None,
     }
+
+
+# transformers (5.x) holds a MoE layer's routed experts as 3-D parameters of its ``experts`` module, registered in this
+# order: gate_up_proj [E, 2I, H] (each expert's gate rows, then its up rows) and down_proj [E, H, I], built on load
+# from the checkpoint's per-expert tensors (its conversion_mapping, which also renames Mixtral's block_sparse_moe to
+# mlp). PEFT adapts them with ``target_parameters``: one ParamWrapper per parameter, the first registered innermost.
+EXPERT_PARAMETERS = {"linear_fc1": "gate_up_proj", "linear_fc2": "down_proj"}
+_EXPERTS_MODULE = re.compile(r"^(?P<experts>.+\.experts)\.\d+\.[^.]+$")
+_MOE_BLOCK_RENAMES = {".block_sparse_moe.": ".mlp."}
+
+
+def peft_expert_factors(converter: WeightConverter, experts: list[tuple[str, torch.Tensor, torch.Tensor]]
+                        ) -> tuple[str, str, torch.Tensor, torch.Tensor]:
+    """PEFT's parameter LoRA of one MoE layer's routed experts' fc1 or fc2: (experts module, parameter name,
+    lora_A [r E, in], lora_B [out, r E]) from rlcore's adapters on every expert of the layer, ``experts``: (global
+    weight name, A, B) in expert order, each whole (expert TP 1), mapped per expert as ``peft_factors`` maps a dense
+    adapter (fc1's gate and up rows of B concatenated, as transformers concatenates the weights).
+
+    PEFT's ParamWrapper is a rank-r LoRA per expert, stacked: expert e's A is rows e r .. (e+1) r of lora_A, its B
+    the columns e, E + e, 2E + e, ... of lora_B (lora_B viewed [out, r, E]); it adds scale B_e A_e to expert e's
+    weight, which is what rlcore's expert adapter adds, so every rlcore expert adapter has exactly one PEFT form.
+    PEFT cannot express dropout there (it refuses lora_dropout != 0 on parameters)."""
+    a_parts, b_parts, module = [], [], None
+    for name, a, b in experts:
+        projections = peft_factors(converter, name, [a], [b], column=name.endswith(".linear_fc1.weight"))
+        match = _EXPERTS_MODULE.match(projections[0][0])
+        if match is None or not name.endswith(tuple(f".{fc}.weight" for fc in EXPERT_PARAMETERS)):
+            raise ValueError(f"{name!r} is not a routed expert's fc1/fc2 that its weight rule names as "
+                             f"'<...>.experts.<e>.<projection>.weight' ({projections[0][0]!r})")
+        module = match["experts"]
+        a_parts.append(projections[0][1])
+        b_parts.append(torch.cat([b for _, _, b in projections]))
+    for old, new in _MOE_BLOCK_RENAMES.items():
+        module = module.replace(old, new) if module else module
+    fc = experts[0][0].rsplit(".", 2)[-2]
+    lora_b = torch.stack(b_parts, dim=2)            # [out, r, E]
+    return module or "", EXPERT_PARAMETERS[fc], torch.cat(a_parts), lora_b.reshape(lora_b.shape[0], -1)
+
+
+def peft_expert_state_dict(layers: Iterable[tuple[str, str, torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The tensors of ``adapter_model.safetensors`` for ``peft_expert_factors``' results, keyed as PEFT's
+    save_pretrained keys them: an experts module whose gate_up_proj and down_proj are both adapted holds down_proj's
+    wrapper around gate_up_proj's (``<experts>.base_layer.lora_A``: gate_up_proj's)."""
+    layers = list(layers)
+    adapted: dict[str, set[str]] = {}
+    for module, parameter, _, _ in layers:
+        adapted.setdefault(module, set()).add(parameter)
+    order = list(EXPERT_PARAMETERS.values())
+    state = {}
+    for module, parameter, a, b in layers:
+        outer = sum(1 for p in adapted[module] if order.index(p) > order.index(parameter))
+        prefix = f"{PEFT_PREFIX}{module}{'.base_layer' * outer}"
+        state[f"{prefix}.lora_A.weight"], state[f"{prefix}.lora_B.weight"] = a.contiguous(), b.contiguous()
+    return state
+
+
+def expert_target_parameters(layers: Iterable[tuple[str, str, torch.Tensor, torch.Tensor]]) -> list[str]:
+    """PEFT's ``target_parameters`` for ``peft_expert_factors``' results (matched against the end of each
+    parameter's name: ``experts.gate_up_proj`` names every MoE layer's)."""
+    return sorted({f"experts.{parameter}" for _, parameter, _, _ in layers})
 
 
 def _strip_weight(hf_name: str) -> str | None:

@@ -110,20 +110,41 @@ def _attention_linears(c) -> dict[str, tuple[int, int, bool]]:
 
 
 def _adapted_linears(c, target_modules, moe: bool, tp: int) -> list[tuple[int, int, bool]]:
-    """(input width, output width, column-parallel) of each linear of a layer that ``actor.lora`` adapts (the MoE
-    layers' expert linears are not adapted: ``lora_problems`` refuses them)."""
+    """(input width, output width, column-parallel) of each linear of a layer that ``actor.lora`` adapts split over
+    TP; on a MoE layer ``linear_fc1``/``linear_fc2`` are its shared experts' here (if it has any) and its routed
+    experts' in ``_adapted_expert_linears``."""
     h, ffn = c.hidden_size, c.ffn_hidden_size
     widths = _attention_linears(c)
-    if not moe:
+    if moe:
+        ffn = c.moe_shared_expert_intermediate_size or 0
+    if ffn:
         widths |= {"linear_fc1": (h, ffn * (2 if c.gated_linear_unit else 1), True), "linear_fc2": (ffn, h, False)}
     return [widths[t] for t in target_modules if t in widths]
 
 
-def adapter_params(c, rank: int, target_modules, moe: bool, tp: int) -> float:
+def _adapted_expert_linears(c, target_modules) -> list[tuple[int, int]]:
+    """(input width, output width) of each linear of one routed expert that ``actor.lora`` adapts: whole on its EP
+    rank (expert TP is 1)."""
+    h, ffn = c.hidden_size, c.moe_ffn_hidden_size
+    widths = {"linear_fc1": (h, ffn * (2 if c.gated_linear_unit else 1)), "linear_fc2": (ffn, h)}
+    return [widths[t] for t in target_modules if t in widths]
+
+
+def adapter_params(c, rank: int, target_modules, moe: bool, tp: int, ep: int = 1) -> float:
     """One rank's LoRA parameters in one layer: A [r, in] and B [out, r] per adapted linear, the factor on W's split
-    side divided over TP (column: B; row: A), the other replicated (``rlcore.megatron.lora``)."""
+    side divided over TP (column: B; row: A), the other replicated (``rlcore.megatron.lora``); on a MoE layer also
+    the adapters of the routed experts on one EP rank (``expert_adapter_params``)."""
     return sum(rank * (i + o / tp) if column else rank * (i / tp + o)
-               for i, o, column in _adapted_linears(c, target_modules, moe, tp))
+               for i, o, column in _adapted_linears(c, target_modules, moe, tp)) + \
+        expert_adapter_params(c, rank, target_modules, moe, ep)
+
+
+def expert_adapter_params(c, rank: int, target_modules, moe: bool, ep: int) -> float:
+    """The LoRA parameters of one EP rank's routed experts in one layer (num_experts / ep experts, each its own
+    A and B); 0 on a dense layer."""
+    if not moe:
+        return 0.0
+    return c.num_moe_experts / ep * sum(rank * (i + o) for i, o in _adapted_expert_linears(c, target_modules))
 
 
 def lora_problems(c, cfg: Config) -> list[str]:
@@ -139,10 +160,6 @@ def lora_problems(c, cfg: Config) -> list[str]:
     if absent:
         problems.append(f"actor.lora.target_modules names {', '.join(absent)}, which this model's attention does not "
                         f"have; its linears are {', '.join(attention)}")
-    if any(_moe_layers(c)) and {"linear_fc1", "linear_fc2"} & set(lora.target_modules):
-        problems.append("actor.lora.target_modules names linear_fc1/linear_fc2, which are MoE experts in this "
-                        "model's MoE layers (adapters on experts are not built yet); target linear_qkv and "
-                        "linear_proj")
     return problems
 
 
@@ -178,16 +195,20 @@ class StageParams:
     dense: int      # split over TP (approximately: norms are replicated, and small)
     experts: int    # split over EP
     adapters: float = 0.0   # LoRA parameters of one TP rank (actor.lora)
+    expert_adapters: float = 0.0   # of which on routed experts (one EP rank's; their optimizer shard: / expert DP)
 
 
 def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int, lora=None,
-                 tp: int = 1) -> list[StageParams]:
+                 tp: int = 1, ep: int = 1) -> list[StageParams]:
     """Parameters of each pipeline stage: embedding on the first, final norm and output layer on the last; with
     ``lora`` (actor.lora, rank > 0) also a TP rank's adapters."""
     h, gated = c.hidden_size, c.gated_linear_unit
     per_layer = []
-    adapters = [adapter_params(c, lora.rank, lora.target_modules, moe, tp) if lora is not None and lora.rank else 0.0
+    lora = lora if lora is not None and lora.rank else None
+    adapters = [adapter_params(c, lora.rank, lora.target_modules, moe, tp, ep) if lora else 0.0
                 for moe in _moe_layers(c)]
+    expert_adapters = [expert_adapter_params(c, lora.rank, lora.target_modules, moe, ep) if lora else 0.0
+                       for moe in _moe_layers(c)]
     for moe in _moe_layers(c):
         dense = _attention_params(c) + 2 * h
         experts = 0
@@ -205,11 +226,12 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
     for s, n in enumerate(counts):
         layers = per_layer[start:start + n]
         stage_adapters = sum(adapters[start:start + n])
+        stage_expert_adapters = sum(expert_adapters[start:start + n])
         start += n
         dense = sum(d for d, _ in layers) + (vocab_size * h if s == 0 else 0)
         if s == pp - 1:
             dense += h + (0 if tied and pp == 1 else vocab_size * h)
-        stages.append(StageParams(dense, sum(e for _, e in layers), stage_adapters))
+        stages.append(StageParams(dense, sum(e for _, e in layers), stage_adapters, stage_expert_adapters))
     return stages
 
 
@@ -223,7 +245,7 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
     lora = cfg.actor.lora.rank > 0
     reference = reference and not lora
     stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers,
-                          cfg.actor.lora, p.tp)
+                          cfg.actor.lora, p.tp, p.ep)
     bf16 = cfg.actor.dtype == "bfloat16"
     param_bytes = 2 if bf16 else 4
     fraction = cfg.actor.optim.offload_fraction       # hybrid_adam's (the plugin refuses it for adam)
@@ -233,7 +255,8 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
         shard = s.dense / p.tp / dp + s.experts / p.ep / expert_dp
         trained = local
         if lora:        # only the adapters have gradients and optimizer state (their distributed shard: / dp)
-            trained, shard = s.adapters, s.adapters / dp
+            trained = s.adapters
+            shard = (s.adapters - s.expert_adapters) / dp + s.expert_adapters / expert_dp
         # a bf16 model's norms are fp32 (rlcore's torch norms): a few thousand elements a layer, counted as bf16
         device, host = optimizer_bytes(shard, shard if bf16 else 0, offloaded_elements(shard, fraction))
         return dict(params=(local + s.adapters) * param_bytes, grads=trained * 4, optimizer=device, host=host,

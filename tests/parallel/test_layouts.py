@@ -30,6 +30,10 @@ LAYOUTS = {
     "tp2-collectives": ["trainer.world_size=2", "actor.parallel.tp=2", "rollout.sync_transport=collectives"],
     # Qwen3-MoE, experts split over 2 ranks; a short warm start is enough for a logprob check
     "moe-ep2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.ep=2"],
+    # LoRA on a MoE model's every target: attention and each routed expert (gradients over expert data parallelism)
+    "moe-ep2-lora": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.ep=2",
+                     "actor.lora.rank=8", "actor.lora.alpha=16", "actor.optim.lr=0.001",
+                     "actor.lora.target_modules=[linear_qkv,linear_proj,linear_fc1,linear_fc2]"],
     "moe-ep2-rollout_tp2": ["model.family=qwen3_moe", *SHORT_WARM_START, "trainer.world_size=2",
                             "actor.parallel.ep=2", "rollout.tp=2"],
     # Qwen2: the QKV bias split over TP by whole query groups, in training and in the engine
@@ -87,7 +91,8 @@ def assert_replicas_agree(prints):
 # plain TP2 and PP2 run with SGLang generating (test_sglang_layouts.py); vLLM runs their variants: SP, collectives,
 # rollout TP2, uneven stages
 # on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time
-VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2"]
+# (moe-ep2-lora: 114 s beside other jobs; the expert adapters' layouts and PEFT equivalence: test_lora_experts.py)
+VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2", "moe-ep2-lora"]
 VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"} - set(VLLM_ON_REQUEST))
 ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 

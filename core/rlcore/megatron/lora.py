@@ -27,6 +27,23 @@ B; o_proj / down_proj take A split by the rule's columns and B as it is. Initial
 with a = sqrt(5) over the full input width, B zero), drawn per layer from the seed and the layer's model-wide name, so
 every parallel layout starts from the same adapters.
 
+MoE experts (megatron-core's SequentialMLP: per expert an MLP of a ColumnParallelLinear fc1 and a RowParallelLinear
+fc2, marked ``is_expert``, over the expert-tensor-parallel group): ``linear_fc1`` / ``linear_fc2`` on a MoE layer
+adapt every routed expert's fc1 / fc2, each with its own A and B, and the shared experts' (a plain MLP on the dense
+TP group), as PEFT's gate/up/down_proj target every expert's and the shared expert's projections; the router is
+never a target. An expert adapter is named with the expert's model-wide index (its seed, its checkpoint entry, which
+megatron-core's SequentialMLP places by that index, so another EP size reads it); its factors are flagged
+``allreduce=False`` at every layout, so that Megatron DDP reduces their gradients over the expert-data-parallel group
+(megatron-core flags its expert weights so only under EP: at TP2 x EP1 with expert TP 1 the two TP ranks run the
+experts on different sequence chunks, are each other's expert-data-parallel peers, and a dense flag would reduce
+over data parallelism alone, leaving each rank half the gradient), and never carry the ``sequence_parallel`` tag
+(which would all-reduce them over the dense TP group). Expert linears communicate nothing themselves
+(``explicit_expert_comm``): the token dispatcher gathers the tokens over the expert-TP group before them and sums the
+fc2 outputs' partial sums after. The adapter follows: no TP region around h; its input gradient stays partial like
+the base's (the dispatcher sums it); only the replicated factor (column: A, row: B), whose gradient each expert-TP
+rank has a part of, is summed over the expert-TP group (``summed_gradient``). rlcore builds expert TP 1, where none
+of this communicates.
+
 Dropout: on a column-parallel adapter's input it draws from the default generator, which megatron-core keeps equal
 over TP ranks outside sequence parallelism (x is replicated there, and A's gradient must agree on every rank) and
 forks per rank inside it (the transformer block runs in the model-parallel RNG then, x being a chunk). A row-parallel
@@ -97,11 +114,13 @@ class LoRAAdapter(torch.nn.Module):
         # a gated MLP's fc1 (set by attach_lora): each TP rank's rows are [gate_i; up_i], which megatron-core's MLP
         # checkpoints as all gates then all ups (a layout every TP size reads); B's rows follow W's, stored alike
         self.gate_up_rows = False
-        self.tp_group = base.tp_group
+        self.tp_group = base.tp_group   # an expert's: the expert-tensor-parallel group
         self.tp_size = _size_and_rank(self.tp_group)[0]
-        self.sequence_parallel = bool(base.sequence_parallel) and self.tp_size > 1
-        for p in (self.A, self.B):   # experts under EP are reduced over their own group (a later increment)
-            setattr(p, "allreduce", getattr(base.weight, "allreduce", True))
+        # a MoE expert: the token dispatcher does its TP communication (megatron-core's explicit_expert_comm)
+        self.expert = bool(getattr(base, "is_expert", False))
+        self.sequence_parallel = bool(base.sequence_parallel) and self.tp_size > 1 and not self.expert
+        for p in (self.A, self.B):   # an expert's: Megatron DDP's expert buffers, reduced over expert data parallelism
+            setattr(p, "allreduce", not self.expert)
         self._hook = base.register_forward_hook(self._add_to_output, with_kwargs=True)
 
     def _add_to_output(self, base: Any, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -122,6 +141,15 @@ class LoRAAdapter(torch.nn.Module):
         layouts (column: B [out/tp, r] A [r, in]; row: B [out, r] A [r, in/tp]), so no rank needs another's.
         Summed in float32, returned in W's dtype."""
         return merge(weight, self.A, self.B, self.scale)
+
+    def summed_gradient(self, factor: torch.Tensor) -> torch.Tensor:
+        """``factor`` in the forward pass; in the backward pass its gradient summed over the expert-TP group (an
+        expert's replicated factor, each expert-TP rank holding part of its gradient)."""
+        if not (self.expert and self.tp_size > 1):
+            return factor
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+        return copy_to_tensor_model_parallel_region(factor, group=self.tp_group)
 
     def _set_tp_attributes(self, sharded: torch.nn.Parameter, dim: int, replicated: torch.nn.Parameter) -> None:
         """What megatron-core reads off a parameter: the gradient norm counts the sharded one on every TP rank (a
@@ -168,8 +196,10 @@ class ColumnLoRA(LoRAAdapter):
 
         if self.dropout and self.training:
             x = torch.nn.functional.dropout(x, self.dropout)
-        h = torch.matmul(x, self.A.t())
-        if self.sequence_parallel:
+        h = torch.matmul(x, self.summed_gradient(self.A).t())
+        if self.expert:
+            pass                     # x is the dispatched tokens, whole on every expert-TP rank
+        elif self.sequence_parallel:
             h = gather_from_sequence_parallel_region(h, tensor_parallel_output_grad=True, group=self.tp_group)
         elif self.tp_size > 1:
             h = copy_to_tensor_model_parallel_region(h, group=self.tp_group)
@@ -194,11 +224,11 @@ class RowLoRA(LoRAAdapter):
         partial = torch.matmul(x, self.A.t())
         if self.sequence_parallel:
             h = reduce_scatter_to_sequence_parallel_region(partial, group=self.tp_group)
-        elif self.tp_size > 1:
+        elif self.tp_size > 1 and not self.expert:   # an expert's partial output is summed by the dispatcher
             h = reduce_from_tensor_model_parallel_region(partial, group=self.tp_group)
         else:
             h = partial
-        return torch.matmul(h, self.B.t()) * self.scale
+        return torch.matmul(h, self.summed_gradient(self.B).t()) * self.scale
 
 
 @torch.no_grad()
@@ -234,9 +264,6 @@ def adapter_kind(base: Any, name: str) -> type[LoRAAdapter]:
 
     if isinstance(getattr(base, "lora", None), LoRAAdapter):
         raise ValueError(f"LoRA on {name}: the linear already has an adapter")
-    if getattr(base, "is_expert", False) or getattr(base, "explicit_expert_comm", False):
-        raise ValueError(f"LoRA on MoE expert linears ({name}) is not built yet; on a MoE model target "
-                         "linear_qkv and linear_proj")
     if isinstance(base, ColumnParallelLinear):
         if base.gather_output:
             raise ValueError(f"LoRA on {name}: a ColumnParallelLinear that gathers its output is not a decoder "

@@ -1,0 +1,307 @@
+"""LoRA on MoE experts (rlcore.megatron.lora): a tiny Qwen3-MoE GPTModel with adapters on every target (attention,
+every routed expert's fc1/fc2), on gloo at EP1, EP2 and TP2 with sequence parallelism (expert TP 1, as rlcore builds
+it).
+
+The adapters are set from per-projection (PEFT-style) random adapters, one pair per expert, through the model's own
+weight rules, keyed by the expert's model-wide index: the logits equal those of the base model with the merged
+weights W + B A * scale (the full-matrix LoRA, computed unsharded), so they agree between layouts; adapters off give
+the base model exactly; --dry-run's count is the adapters built. One backward pass over a batch split over the
+data-parallel ranks: the adapters' gradients, reduced as Megatron DDP reduces them (the dense ones over data
+parallelism, the experts' over expert data parallelism, the flag each factor carries) and gathered over EP, equal the
+one-process gradients of the whole batch. At TP1 (EP1, EP2) the adapters in PEFT's layout (``rlcore.lora_peft``: the
+experts of a layer stacked into PEFT's parameter LoRA on transformers' fused expert tensors) loaded by
+``PeftModel.from_pretrained`` give the same logits, and PEFT's lora_A / lora_B gradients of the same loss equal ours
+mapped alike. The EP1 run's adapter checkpoint is read at EP2 and at TP2: every factor exactly."""
+import textwrap
+
+import pytest
+import torch
+from ranks import run_ranks
+
+# processes, TP, EP, sequence parallel (megatron-core asks for it with MoE and TP)
+LAYOUTS = {"ep1": (1, 1, 1, 0), "ep2": (2, 1, 2, 0), "tp2-sp": (2, 2, 1, 1)}
+MOE = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_hidden_size=32,
+           max_position_embeddings=32, num_experts=4, experts_per_token=2)
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, zlib, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    from safetensors.torch import save_file
+    from megatron.core import parallel_state as mpu
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+    from rlcore.lora_peft import (expert_target_parameters, peft_expert_factors, peft_expert_state_dict,
+                                  peft_factors, peft_state_dict, target_modules)
+    from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
+    from rlcore.megatron.checkpoint import load_weights, save_weights
+    from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.sizing import _moe_layers, adapter_params
+    from rlcore.weight_sync.reshard import global_name
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+
+    out, path, tp, ep, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5]))
+    save_to, resume_from = sys.argv[6], sys.argv[7]   # a checkpoint of the adapters to write / to load ("-": none)
+    init_parallel(tp=tp, ep=ep)
+    dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+    hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
+    all_ids = torch.randint(1, 16, (4, 12), generator=torch.Generator().manual_seed(1))
+    all_g = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(2))
+    ids, g = all_ids.chunk(dp)[dp_rank], all_g.chunk(dp)[dp_rank]     # this data-parallel rank's sequences
+
+    def gathered(t, group):
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return parts
+
+    def logits(model):   # [b, s, V] of the whole batch: vocabulary slices and data-parallel parts gathered
+        with torch.no_grad():
+            local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+        whole = torch.cat(gathered(local, mpu.get_tensor_model_parallel_group()), -1)
+        return torch.cat(gathered(whole, mpu.get_data_parallel_group()), 0)
+
+    def built(weights):
+        model, converter = build_gpt(QWEN3_MOE, hf_config, sequence_parallel=sp)
+        load_hf_into(model, converter, weights)
+        return model.eval(), converter
+
+    model, converter = built(hf)
+    base = logits(model)
+    cfg = LoRAConfig(rank=4, alpha=8.0)
+    params = add_lora(model, cfg)
+    local_experts = len(model.decoder.layers[0].mlp.experts.local_experts)
+    assert len(params) == 2 * (2 + 2 * local_experts) * hf_config["num_hidden_layers"], len(params)
+    sized = sum(adapter_params(model.config, cfg.rank, cfg.target_modules, moe, tp, ep)
+                for moe in _moe_layers(model.config))   # what --dry-run counts: one TP and EP rank's adapters
+    assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
+    assert not any("router" in n for n, p in model.named_parameters() if p.requires_grad)
+    untouched = logits(model)
+
+    merged = dict(hf)
+    for name, module in model.named_modules():
+        adapter = getattr(module, "lora", None)
+        if not isinstance(adapter, LoRAAdapter):
+            continue
+        rule = converter.rule(global_name(model, f"{name}.weight"))
+        g_ = torch.Generator().manual_seed(zlib.crc32(rule.megatron.encode()))   # the expert's model-wide name
+        names = rule.hf_names()
+        A = torch.randn(cfg.rank, hf[names[0]].shape[1], generator=g_) * 0.2
+        B = {n: torch.randn(hf[n].shape[0], cfg.rank, generator=g_) * 0.2 for n in names}
+        size, rank = dist.get_world_size(adapter.tp_group), dist.get_rank(adapter.tp_group)
+        with torch.no_grad():
+            if isinstance(adapter, ColumnLoRA):
+                adapter.A.copy_(A)
+                adapter.B.copy_(rule.from_hf(B, converter.layout, rank, size, adapter.B.shape))
+            else:
+                adapter.A.copy_(rule.from_hf({names[0]: A}, converter.layout, rank, size, adapter.A.shape))
+                adapter.B.copy_(B[names[0]])
+        for n in names:
+            merged[n] = hf[n] + B[n] @ A * cfg.scale
+    adapted = logits(model)
+    resumed = {}
+    if save_to != "-":
+        save_weights(model, save_to)
+    if resume_from != "-":   # saved at EP1: a fresh model's adapters (another seed) read at this layout
+        fresh, _ = built(hf)
+        add_lora(fresh, LoRAConfig(rank=4, alpha=8.0, seed=1))
+        load_weights(fresh, resume_from)
+        same = all(torch.equal(getattr(a.lora, f), getattr(b.lora, f)) for a, b in zip(model.modules(), fresh.modules())
+                   if isinstance(getattr(a, "lora", None), LoRAAdapter) for f in "AB")
+        resumed = {"resumed": logits(fresh), "resumed_factors_equal": torch.tensor([float(same)])}
+    with adapters_enabled(model, False):
+        off = logits(model)
+    reference, _ = built(merged)   # the base model with the merged weights: full-matrix LoRA, unsharded
+    expected = logits(reference)
+
+    model.train()
+    y = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
+    (y * g).sum().backward()
+    model.ddp_config = DistributedDataParallelConfig()   # the factors tagged sequence_parallel: summed over TP
+    _allreduce_non_tensor_model_parallel_grads([model], model.config, mpu.get_tensor_model_parallel_group())
+    grads, entries = {}, model.sharded_state_dict()
+    for name, module in model.named_modules():
+        adapter = getattr(module, "lora", None)
+        if not isinstance(adapter, LoRAAdapter):
+            continue
+        # Megatron DDP: a factor flagged allreduce=False (an expert's) is reduced over expert data parallelism,
+        # any other over data parallelism
+        expert_flag = adapter.A.allreduce is False
+        assert expert_flag == adapter.expert and adapter.B.allreduce is adapter.A.allreduce, name
+        group = mpu.get_expert_data_parallel_group() if expert_flag else mpu.get_data_parallel_group()
+        for p in (adapter.A, adapter.B):
+            dist.all_reduce(p.grad, group=group)
+        global_weight = global_name(model, f"{name}.weight")
+        rule = converter.rule(global_weight)
+        sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
+        shards = gathered(getattr(adapter, sharded).grad, adapter.tp_group)
+        grads.update({f"grad.{n}.lora_{sharded}": t.contiguous() for n, t in rule.to_hf(shards, converter.layout)})
+        grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
+        if adapter.expert:   # its checkpoint entry: the layer's experts' key, at the expert's model-wide index
+            entry = entries[f"{name}.lora.A"]
+            expert = int(global_weight.split(".")[6])
+            assert entry.key.endswith("mlp.experts.experts." + name.rsplit(".", 1)[1] + ".lora.A"), entry.key
+            assert entry.global_offset[1] == expert, (name, entry.global_offset)
+    # at TP1 each factor and its gradient are whole on their rank: gathered, and put into PEFT's layout
+    # (rlcore.lora_peft: per projection, the experts of a layer stacked) for the comparison with transformers + PEFT
+    megatron_form = {}
+    for name, module in model.named_modules():
+        adapter = getattr(module, "lora", None)
+        if isinstance(adapter, LoRAAdapter):
+            megatron_form[global_name(model, f"{name}.weight")] = (isinstance(adapter, ColumnLoRA), adapter.A.detach(),
+                                                                   adapter.B.detach(), adapter.A.grad, adapter.B.grad)
+    all_grads, everything = [None] * dist.get_world_size(), {}
+    dist.all_gather_object(all_grads, (grads, megatron_form if tp == 1 else {}))
+    if dist.get_rank() == 0:
+        whole = {}
+        for other, factors in all_grads:
+            whole.update(factors)
+            for k, v in other.items():
+                everything.setdefault(k, v)
+        if tp == 1:
+            shared_a = set()
+            for prefix, (a_at, b_at) in (("peft.", (1, 2)), ("peft_grad.", (3, 4))):
+                dense, experts = [], {}
+                for name, t in sorted(whole.items()):
+                    if ".local_experts." in name:
+                        layer, expert = name.split(".local_experts.")[0], int(name.split(".")[6])
+                        experts.setdefault((layer, name.rsplit(".", 2)[1]), []).append((expert, name, t[a_at], t[b_at]))
+                    else:
+                        projections = peft_factors(converter, name, [t[a_at]], [t[b_at]], t[0])
+                        dense += projections
+                        if t[0] and len(projections) > 1:   # a fused column adapter: its A, every projection's
+                            shared_a.add(tuple(m for m, _, _ in projections))
+                layers = [peft_expert_factors(converter, [(n, a, b) for _, n, a, b in sorted(v)])
+                          for v in experts.values()]
+                state = {**peft_state_dict(dense), **peft_expert_state_dict(layers)}
+                everything.update({prefix + k: v.clone() for k, v in state.items()})
+            with open(out + ".json", "w") as f:
+                json.dump({"modules": target_modules({m for m, _, _ in dense}, converter.hf_names()),
+                           "parameters": expert_target_parameters(layers), "shared_a": sorted(shared_a)}, f)
+        save_file({**resumed, "ids": all_ids, "g": all_g, "base": base, "untouched": untouched, "adapted": adapted,
+                   "off": off, "expected": expected, **everything}, out)
+    del model, reference
+    shutdown_parallel()
+""")
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_moe(tmp_path_factory):
+    """A random tiny Qwen3-MoE checkpoint written by transformers, its router spread so that tokens go to every
+    expert."""
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny_qwen3_moe") / "ckpt"
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**QWEN3_MOE.tiny_hf_config(**MOE))).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(path)
+    return path
+
+
+def transformers_with_peft(checkpoint, got: dict, names_file, directory):
+    """transformers' model of ``checkpoint`` with PEFT's adapter of the layout's adapters (rlcore.lora_peft's
+    layout, the experts through PEFT's target_parameters): its logits on the script's batch, and the gradients of
+    the script's loss wrt each lora_A / lora_B, keyed as the adapter file keys them."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.lora_peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config
+    from rlcore.megatron.lora import LoRAConfig
+
+    names = json.loads(names_file.read_text())
+    directory.mkdir()
+    save_file({k.removeprefix("peft."): v for k, v in got.items() if k.startswith("peft.")},
+              str(directory / ADAPTER_WEIGHTS))
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(LoRAConfig(rank=4, alpha=8.0), names["modules"],
+                                                                      str(checkpoint), names["parameters"])))
+    base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(directory), is_trainable=True)
+    logits = model(input_ids=got["ids"]).logits
+    (logits * got["g"]).sum().backward()
+    grads = {n.replace(".default", ""): p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads, names["shared_a"]
+
+
+def adapted_moe(tmp_path, checkpoint, layout, save_to="-", resume_from="-"):
+    procs, tp, ep, sp = LAYOUTS[layout]
+    out = tmp_path / f"moe-{layout}.safetensors"
+    return (run_ranks(SCRIPT, tmp_path, procs, out, checkpoint, tp, ep, sp, save_to, resume_from),
+            out.with_name(out.name + ".json"))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_qwen3_moe):
+    """The EP1 run, which also saves its adapters (megatron-core's distributed checkpoint) for the other layouts."""
+    directory = tmp_path_factory.mktemp("lora_moe")
+    return adapted_moe(directory, tiny_qwen3_moe, "ep1", save_to=directory / "adapters") + (directory / "adapters",)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.slow
+@pytest.mark.parallel
+def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, tiny_qwen3_moe, one_process, layout):
+    saved = one_process[2]
+    (got, names), (one_process, _) = one_process[:2] if layout == "ep1" else adapted_moe(
+        tmp_path, tiny_qwen3_moe, layout, resume_from=saved), one_process[:2]
+    if layout != "ep1":   # the EP1 checkpoint's adapters, each expert's read by its model-wide index
+        assert got["resumed_factors_equal"].item() == 1.0, f"{layout}: the adapters read from EP1's differ"
+        assert torch.equal(got["resumed"], got["adapted"])
+    assert torch.equal(got["untouched"], got["base"]), "fresh adapters (B = 0) changed the logits"
+    assert torch.equal(got["off"], got["base"]), "adapters off is not the base model exactly"
+    moved = (got["adapted"] - got["base"]).abs().max().item()
+    assert moved > 0.1, moved
+    assert (got["adapted"] - got["expected"]).abs().max().item() <= 1e-5 * (1 + moved)
+    assert (got["adapted"] - one_process["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
+    grads = sorted(n for n in got if n.startswith("grad."))
+    # per layer: q/k/v B + A, o_proj A + B, and per expert gate/up B + A, down_proj A + B
+    experts = MOE["num_experts"]
+    assert grads == sorted(n for n in one_process if n.startswith("grad.")), grads
+    assert len(grads) == MOE["num_layers"] * (4 + 2 + experts * (3 + 2)), len(grads)
+    for name in grads:
+        want = one_process[name]
+        assert want.abs().max() > 0, name
+        assert (got[name] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), name
+    if LAYOUTS[layout][1] == 1:   # TP1: the same adapters, in PEFT's layout, on transformers' model
+        logits, peft_grads, shared_a = transformers_with_peft(tiny_qwen3_moe, got, names, tmp_path / "peft")
+        assert (logits - got["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
+        ours = {k.removeprefix("peft_grad."): v for k, v in got.items() if k.startswith("peft_grad.")}
+        assert sorted(ours) == sorted(peft_grads)
+        assert any(".experts.base_layer.lora_A" in k for k in ours) and any(".experts.lora_B" in k for k in ours)
+        for modules in shared_a:   # q/k/v (gate/up) share one A: its gradient is the sum of theirs
+            key = "base_model.model.{}.lora_A.weight"
+            total = sum(peft_grads[key.format(m)] for m in modules)
+            for m in modules:
+                peft_grads[key.format(m)] = total
+        for key, want in peft_grads.items():
+            assert (ours[key] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), key
+
+
+@pytest.mark.slow
+def test_expert_targets_reach_every_expert_and_never_the_router():
+    """``linear_fc1``/``linear_fc2`` on a MoE model adapt every routed expert (one adapter each, named by the
+    expert), nothing else is trainable, the router never; a linear adapted twice is refused by name."""
+    import re
+
+    from rlcore.megatron.lora import LoRAConfig, add_lora
+    from rlcore.megatron.model import build_gpt
+    from rlcore.megatron.parallel import init_parallel
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+
+    init_parallel()
+    model, _ = build_gpt(QWEN3_MOE, QWEN3_MOE.tiny_hf_config(**MOE))
+    params = add_lora(model, LoRAConfig(target_modules=("linear_fc1", "linear_fc2")))
+    assert len(params) == 2 * 2 * MOE["num_experts"] * MOE["num_layers"]
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        f"decoder.layers.{i}.mlp.experts.local_experts.{e}.{linear}.lora.{f}" for i in range(MOE["num_layers"])
+        for e in range(MOE["num_experts"]) for linear in ("linear_fc1", "linear_fc2") for f in "AB"}
+    with pytest.raises(ValueError, match=re.escape("LoRA on decoder.layers.0.mlp.experts.local_experts.0.linear_fc1: "
+                                                   "the linear already has an adapter")):
+        add_lora(model, LoRAConfig(target_modules=("linear_fc1",)))
