@@ -92,3 +92,16 @@ def test_a_pushed_adapter_carries_its_config():
     assert all(torch.equal(got[n], tensors[n]) for n in tensors)
     with pytest.raises(ValueError, match="disagree on rollout.lora"):
         received(iter(tensors.items()))
+
+
+def test_a_converted_checkpoint_is_refused(tmp_path):
+    """`rlcore convert`'s output holds Megatron weights, which the engine cannot start from (it starts weightless and
+    the actor's weights are pushed to it): no base weights for the adapters."""
+    from rlcore.hf_to_megatron import MARKER
+
+    for name in ("config.json", "tokenizer.json", MARKER):
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(ConfigError) as e:
+        load_config("quickstart", [*LORA, f"model.path={tmp_path}"])
+    assert "rollout.lora = 'adapters' with model.path" in one_line(e) and "a checkpoint `rlcore convert` wrote" in \
+        str(e.value)

@@ -218,6 +218,12 @@ def check_values(cfg: Config) -> None:
         if given and not any(f.endswith(".safetensors") or f == CONVERTED for f in os.listdir(path)):
             raise ConfigError(f"{key} {given!r} has no *.safetensors weights (rlcore reads safetensors, or what "
                               f"`rlcore convert` wrote; save the model with transformers' save_pretrained)")
+    if cfg.rollout.lora == "adapters" and cfg.model.path and \
+            os.path.isfile(os.path.join(os.path.expanduser(cfg.model.path), CONVERTED)):
+        raise ConfigError(f"rollout.lora = 'adapters' with model.path {cfg.model.path!r}, a checkpoint `rlcore "
+                          f"convert` wrote: the engine cannot start from its files (the actor's weights are pushed "
+                          f"to it), so it has no base weights for the adapters; use rollout.lora=merged, or the HF "
+                          f"checkpoint it was converted from as model.path")
     if cfg.model.path and not any(os.path.isfile(os.path.join(os.path.expanduser(cfg.model.path), f))
                                   for f in TOKENIZER_FILES):
         raise ConfigError(f"model.path {cfg.model.path!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save "
