@@ -41,3 +41,28 @@ def test_weights_read_from_a_checkpoint_equal_the_hf_checkpoint(family, tmp_path
     assert sorted(got) == sorted(on_disk)
     for name in on_disk:
         assert torch.equal(got[name], on_disk[name]), name
+
+
+def test_a_lora_checkpoints_missing_or_other_base_is_one_line_naming_it(tmp_path):
+    """A LoRA checkpoint holds the adapters only: its merged export refuses a base directory that is gone, or whose
+    weight files differ from those the run fingerprinted, saying to pass --base."""
+    from safetensors.torch import save_file
+
+    from rlcore.checkpoint import base_fingerprint
+    from rlcore.errors import ConfigError
+    from rlcore.export import lora_base
+
+    gone = {"model": {"path": str(tmp_path / "gone")}}
+    with pytest.raises(ConfigError) as e:
+        lora_base("ckpt", gone, None)
+    assert "gone" in str(e.value) and "--base" in str(e.value) and "\n" not in str(e.value)
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file({"w": torch.zeros(4)}, str(base / "model.safetensors"))
+    (base / "config.json").write_text("{}")
+    trained_on = base_fingerprint(str(base))
+    save_file({"w": torch.ones(4)}, str(base / "model.safetensors"))     # another base, same names and sizes
+    with pytest.raises(ConfigError) as e:
+        lora_base("ckpt", {"model": {"path": str(base), "base": trained_on}}, None)
+    assert "model.safetensors differ" in str(e.value) and "--base" in str(e.value) and "\n" not in str(e.value)
+    assert lora_base("ckpt", {"model": {}}, None) is None     # older checkpoints hold their base weights

@@ -1,6 +1,7 @@
 """End to end with LoRA (``actor.lora``): the quickstart (real megatron-core actor, real vLLM engine, GRPO) learns
 with rank-8 adapters, the engine agreeing with the actor after every weight sync (merged weights pushed); the run's
-HF export is a plain HF model (merged weights), as is `rlcore export` of its checkpoint; and in a KL run the
+HF export is a plain HF model (merged weights), as is `rlcore export --merged` of its checkpoint, and its PEFT
+adapter (adapter/) is `rlcore export`'s, which PEFT merges onto the base into hf/; and in a KL run the
 reference policy is the starting model with the adapters off."""
 import json
 import os
@@ -8,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from runs import SHORT_QUICKSTART
 
@@ -23,6 +25,16 @@ def read_hf(directory):
 
     return {name: t for f in os.listdir(directory) if f.endswith(".safetensors")
             for name, t in load_file(os.path.join(directory, f)).items()}
+
+
+def peft_merged(adapter_dir) -> dict:
+    """transformers' model of the adapter's base with PEFT's adapter loaded and merged: its weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = json.load(open(os.path.join(adapter_dir, "adapter_config.json")))["base_model_name_or_path"]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter_dir)
+    return model.merge_and_unload().state_dict()
 
 
 def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_start_cache):
@@ -42,15 +54,27 @@ def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_s
     hf_dir = str(run_dir / "hf")
     names = list(read_hf(hf_dir))
     assert names and not [n for n in names if "lora" in n.lower()]
-    # `rlcore export` of the run's checkpoint merges the adapters as the run's own export does
+    # `rlcore export --merged` of the run's checkpoint (adapters only: the base read from the run's model.path)
+    # merges the adapters as the run's own export does
+    checkpoint = str(run_dir / "checkpoints" / "step_00000050")
     out = tmp_path / "exported"
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3",
-                             str(run_dir / "checkpoints" / "step_00000050"), str(out)],
-                            capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--merged", checkpoint,
+                             str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     exported, live = read_hf(out), read_hf(hf_dir)
     assert sorted(exported) == sorted(live)
     assert max(float((exported[n] - live[n]).abs().max()) for n in live) < 1e-6
+    # the run's PEFT adapter (adapter/) equals `rlcore export`'s, and PEFT merged onto the base gives hf/
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", checkpoint,
+                             str(tmp_path / "adapter")], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    adapter, run_adapter = read_hf(tmp_path / "adapter"), read_hf(run_dir / "adapter")
+    assert sorted(adapter) == sorted(run_adapter) and all(torch.equal(adapter[n], run_adapter[n]) for n in adapter)
+    assert json.load(open(tmp_path / "adapter" / "adapter_config.json")) == \
+        json.load(open(run_dir / "adapter" / "adapter_config.json"))
+    assert os.path.isfile(run_dir / "adapter" / "tokenizer_config.json")
+    assert max(float((merged - live[n]).abs().max()) for n, merged in peft_merged(run_dir / "adapter").items()
+               if n in live) < 1e-5
 
 
 def test_reference_is_the_starting_model_with_adapters_off(tmp_path):

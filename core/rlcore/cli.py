@@ -77,7 +77,7 @@ def cmd_run(args) -> int:
     print(f"held-out accuracy (mean@{cfg.trainer.eval_n}): before RL {before:.3f}, after RL {after:.3f} "
           f"({after - before:+.3f})")
     print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json"
-          f"{', hf/' if 'export' in summary else ''})")
+          f"{', hf/' if 'export' in summary else ''}{', adapter/' if 'adapter' in summary else ''})")
     return 0
 
 
@@ -166,8 +166,9 @@ def cmd_export(args) -> int:
     torch.set_num_threads(1)
     if args.max_shard_gb <= 0:
         raise ConfigError(f"--max-shard-gb {args.max_shard_gb:g} must be > 0 (GB per safetensors file)")
-    out = export_checkpoint(args.checkpoint, args.out, parse_selection(args.plugins), int(args.max_shard_gb * 1e9))
-    print(f"wrote {out} (config.json, safetensors, tokenizer)")
+    wrote = export_checkpoint(args.checkpoint, args.out, parse_selection(args.plugins), int(args.max_shard_gb * 1e9),
+                              merged=args.merged, base=args.base)
+    print(f"wrote {args.out} ({wrote})")
     return 0
 
 
@@ -227,10 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("--seed", type=int, default=0, help="task: the seed its prompts are drawn with")
     data.add_argument("--plugins", help="task: the entry points to load it from (default: every installed one)")
     data.set_defaults(func=cmd_dataset)
-    export = sub.add_parser("export", help="an HF checkpoint from a run checkpoint: rlcore export "
-                            "<run dir>/checkpoints/step_<N> <out dir>")
+    export = sub.add_parser("export", help="an HF checkpoint from a run checkpoint, or a LoRA run's PEFT adapter: "
+                            "rlcore export <run dir>/checkpoints/step_<N> <out dir> [--merged]")
     export.add_argument("checkpoint")
     export.add_argument("out")
+    export.add_argument("--merged", action="store_true", help="a LoRA checkpoint as the merged HF checkpoint "
+                        "(W + B A * alpha/rank) instead of PEFT's adapter directory")
+    export.add_argument("--base", metavar="HF_DIR", help="a LoRA checkpoint's base weights, where the directory the "
+                        "run started from (recorded in the checkpoint) has moved")
     export.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
     export.add_argument("--max-shard-gb", type=float, default=5.0,
                         help="safetensors files of at most this many GB (10^9 bytes), with an index (default 5)")

@@ -104,6 +104,8 @@ def train(run: "Run") -> dict:
         summary["last_save_seconds"] = saved_in
     if cfg.trainer.export_hf:
         summary["export"] = run.export_hf(os.path.join(run.run_dir, "hf"))
+        if cfg.actor.lora.rank:     # the adapters too, in PEFT's format, beside the merged model
+            summary["adapter"] = run.export_adapter(os.path.join(run.run_dir, "adapter"))
     summary["plot"] = plot_rewards(history, eval_before, run.run_dir)
     with open(os.path.join(run.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

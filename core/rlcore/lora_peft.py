@@ -52,11 +52,14 @@ def peft_factors(converter: WeightConverter, weight_name: str, a_shards: list[to
 
 def peft_state_dict(factors: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The tensors of ``adapter_model.safetensors``, keyed as PEFT's ``save_pretrained`` keys them, from
-    ``peft_factors``' triples."""
+    ``peft_factors``' triples. A fused linear's projections share its A: each gets a copy, since safetensors
+    refuses tensors that share memory."""
     state = {}
+    seen: set[int] = set()
     for module, a, b in factors:
-        state[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a
-        state[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b
+        for key, t in ((f"{PEFT_PREFIX}{module}.lora_A.weight", a), (f"{PEFT_PREFIX}{module}.lora_B.weight", b)):
+            state[key] = t.clone() if t.untyped_storage().data_ptr() in seen else t
+            seen.add(t.untyped_storage().data_ptr())
     return state
 
 
@@ -118,21 +121,27 @@ def peft_expert_factors(converter: WeightConverter, experts: list[tuple[str, tor
     the columns e, E + e, 2E + e, ... of lora_B (lora_B viewed [out, r, E]); it adds scale B_e A_e to expert e's
     weight, which is what rlcore's expert adapter adds, so every rlcore expert adapter has exactly one PEFT form.
     PEFT cannot express dropout there (it refuses lora_dropout != 0 on parameters)."""
-    a_parts, b_parts, module = [], [], None
-    for name, a, b in experts:
-        projections = peft_factors(converter, name, [a], [b], column=name.endswith(".linear_fc1.weight"))
-        match = _EXPERTS_MODULE.match(projections[0][0])
-        if match is None or not name.endswith(tuple(f".{fc}.weight" for fc in EXPERT_PARAMETERS)):
-            raise ValueError(f"{name!r} is not a routed expert's fc1/fc2 that its weight rule names as "
-                             f"'<...>.experts.<e>.<projection>.weight' ({projections[0][0]!r})")
-        module = match["experts"]
-        a_parts.append(projections[0][1])
-        b_parts.append(torch.cat([b for _, _, b in projections]))
-    for old, new in _MOE_BLOCK_RENAMES.items():
-        module = module.replace(old, new) if module else module
     fc = experts[0][0].rsplit(".", 2)[-2]
-    lora_b = torch.stack(b_parts, dim=2)            # [out, r, E]
-    return module or "", EXPERT_PARAMETERS[fc], torch.cat(a_parts), lora_b.reshape(lora_b.shape[0], -1)
+    if fc not in EXPERT_PARAMETERS:
+        raise ValueError(f"{experts[0][0]!r} is not a routed expert's linear_fc1 / linear_fc2")
+    return stacked_experts(fc, [peft_factors(converter, name, [a], [b], column=fc == "linear_fc1")
+                                for name, a, b in experts])
+
+
+def stacked_experts(fc: str, per_expert: list[list[tuple[str, torch.Tensor, torch.Tensor]]]
+                    ) -> tuple[str, str, torch.Tensor, torch.Tensor]:
+    """``peft_expert_factors`` from each expert's ``peft_factors`` in expert order (``fc``: linear_fc1 or
+    linear_fc2), as an export that reads them from a checkpoint has them."""
+    match = _EXPERTS_MODULE.match(per_expert[0][0][0])
+    if match is None:
+        raise ValueError(f"the weight rule names the expert projection {per_expert[0][0][0]!r}, not "
+                         "'<...>.experts.<e>.<projection>': PEFT's expert parameters cannot be located")
+    module = match["experts"]
+    for old, new in _MOE_BLOCK_RENAMES.items():
+        module = module.replace(old, new)
+    lora_a = torch.cat([projections[0][1] for projections in per_expert])                          # [r E, in]
+    lora_b = torch.stack([torch.cat([b for _, _, b in projections]) for projections in per_expert], 2)  # [out, r, E]
+    return module, EXPERT_PARAMETERS[fc], lora_a, lora_b.reshape(lora_b.shape[0], -1)
 
 
 def peft_expert_state_dict(layers: Iterable[tuple[str, str, torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:

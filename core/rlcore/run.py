@@ -181,6 +181,13 @@ class Run:
         self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
         return directory
 
+    def export_adapter(self, directory: str) -> str:
+        """A LoRA run's adapters as PEFT's adapter directory (adapter_config.json, adapter_model.safetensors,
+        tokenizer): ``peft.PeftModel.from_pretrained(<the base model>, directory)``."""
+        self.workers.call("export_adapter", directory, self.model_path)
+        self.tokenizer.save_pretrained(directory)
+        return directory
+
     def close_loggers(self) -> None:
         while self.loggers:
             self.loggers.pop().close()

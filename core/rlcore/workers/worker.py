@@ -277,6 +277,20 @@ class ActorWorker(Worker):
     def export_hf(self, directory: str) -> None:
         self.actor.save_hf(directory, int(self.cfg.trainer.export_max_shard_gb * 1e9))
 
+    def export_adapter(self, directory: str, base_path: str) -> None:
+        """Collective (a LoRA run): the adapters gathered as the adapters-only sync gathers them; global rank 0
+        writes PEFT's adapter directory (for ``base_path``'s model)."""
+        import torch.distributed as dist
+
+        from rlcore.config.loader import lora_config
+        from rlcore.export import write_peft_adapter
+
+        sync = self.adapter_sync or AdapterSync(self.actor.model, self.actor.converter,
+                                                lora_config(self.cfg.actor.lora), base_path)
+        tensors = sync.tensors()
+        if dist.get_rank() == 0:
+            write_peft_adapter(directory, tensors, sync.config)
+
     def num_parameters(self) -> int:
         return self.actor.num_parameters()
 
