@@ -85,7 +85,8 @@ def adapter_config(lora: LoRAConfig, modules: list[str], base_model_name_or_path
         "base_model_name_or_path": base_model_name_or_path,
         "r": lora.rank,
         "lora_alpha": alpha,
-        "lora_dropout": lora.dropout,
+        # PEFT refuses dropout on expert parameters (ParamWrapper); off at inference, it changes no logits
+        "lora_dropout": 0.0 if parameters else lora.dropout,
         "target_modules": list(modules),
         "bias": "none",
         "fan_in_fan_out": False,
@@ -108,6 +109,7 @@ def adapter_config(lora: LoRAConfig, modules: list[str], base_model_name_or_path
 EXPERT_PARAMETERS = {"linear_fc1": "gate_up_proj", "linear_fc2": "down_proj"}
 _EXPERTS_MODULE = re.compile(r"^(?P<experts>.+\.experts)\.\d+\.[^.]+$")
 _MOE_BLOCK_RENAMES = {".block_sparse_moe.": ".mlp."}
+_ROUTED_EXPERT = re.compile(r"^(?P<layer>.+)\.local_experts\.(?P<expert>\d+)\.(?P<fc>linear_fc[12])\.weight$")
 
 
 def peft_expert_factors(converter: WeightConverter, experts: list[tuple[str, torch.Tensor, torch.Tensor]]
@@ -126,6 +128,13 @@ def peft_expert_factors(converter: WeightConverter, experts: list[tuple[str, tor
         raise ValueError(f"{experts[0][0]!r} is not a routed expert's linear_fc1 / linear_fc2")
     return stacked_experts(fc, [peft_factors(converter, name, [a], [b], column=fc == "linear_fc1")
                                 for name, a, b in experts])
+
+
+def routed_expert(weight_name: str) -> tuple[str, int, str] | None:
+    """(the layer's experts, the expert's index, linear_fc1 or linear_fc2) of a routed expert's fc1/fc2 weight (global
+    Megatron name); None for any other weight."""
+    match = _ROUTED_EXPERT.match(weight_name)
+    return (match["layer"], int(match["expert"]), match["fc"]) if match else None
 
 
 def stacked_experts(fc: str, per_expert: list[list[tuple[str, torch.Tensor, torch.Tensor]]]

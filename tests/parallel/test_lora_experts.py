@@ -11,7 +11,8 @@ parallelism, the experts' over expert data parallelism, the flag each factor car
 one-process gradients of the whole batch. At TP1 (EP1, EP2) the adapters in PEFT's layout (``rlcore.lora_peft``: the
 experts of a layer stacked into PEFT's parameter LoRA on transformers' fused expert tensors) loaded by
 ``PeftModel.from_pretrained`` give the same logits, and PEFT's lora_A / lora_B gradients of the same loss equal ours
-mapped alike. The EP1 run's adapter checkpoint is read at EP2 and at TP2: every factor exactly."""
+mapped alike. The EP1 run's adapter checkpoint is read at EP2 and at TP2: every factor exactly; ``rlcore export``'s
+PEFT adapter of it, loaded by PEFT, gives EP2's logits."""
 import textwrap
 
 import pytest
@@ -230,6 +231,28 @@ def transformers_with_peft(checkpoint, got: dict, names_file, directory):
     return logits.detach(), grads, names["shared_a"]
 
 
+def exported_adapter_logits(checkpoint, saved, directory, ids):
+    """``rlcore export``'s PEFT adapter directory of the adapter checkpoint ``saved`` (read in a world of one, as
+    rlcore export reads it), loaded by ``PeftModel.from_pretrained`` onto transformers' model: its logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.export import checkpoint_peft_adapter, write_peft_adapter
+    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.megatron.model import read_hf_config
+    from rlcore.megatron.parallel import init_parallel
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+
+    init_parallel()
+    write_peft_adapter(str(directory), *checkpoint_peft_adapter(str(saved), QWEN3_MOE, read_hf_config(str(checkpoint)),
+                                                                "float32", LoRAConfig(rank=4, alpha=8.0),
+                                                                str(checkpoint)))
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32),
+                                      str(directory))
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
 def adapted_moe(tmp_path, checkpoint, layout, save_to="-", resume_from="-"):
     procs, tp, ep, sp = LAYOUTS[layout]
     out = tmp_path / f"moe-{layout}.safetensors"
@@ -282,6 +305,9 @@ def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, tiny_qwe
                 peft_grads[key.format(m)] = total
         for key, want in peft_grads.items():
             assert (ours[key] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), key
+    if layout == "ep2":   # rlcore export's PEFT adapter of the EP1 checkpoint, loaded by PEFT: EP2's logits
+        logits = exported_adapter_logits(tiny_qwen3_moe, saved, tmp_path / "exported", got["ids"])
+        assert (logits - got["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
 
 
 @pytest.mark.slow
