@@ -2,7 +2,8 @@
 fails in the smallest case that uses it, the one its registry entry names (dense, MoE, DeepSeek-V3's multi-latent
 attention, a checkpoint saved asynchronously while training goes on and loaded into a fresh optimizer, a crafted
 checkpoint that would run code when loaded, the hybrid CPU/GPU optimizer against the plain one and through a
-checkpoint; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism); with all
+checkpoint; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism, and
+DeepSeek-V3 at TP2 with SP, whose positional key's gradient is checked against finite differences); with all
 of them, every case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs in fresh
 processes because the shims patch megatron-core process-wide."""
 import os
@@ -29,11 +30,11 @@ SCRIPT = textwrap.dedent("""
     from rlcore_model_deepseek.plugin import DEEPSEEK_V3
     from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
-    spec = DEEPSEEK_V3 if case == "mla" else QWEN3_MOE if case.startswith("moe") else QWEN3
+    spec = DEEPSEEK_V3 if case.startswith("mla") else QWEN3_MOE if case.startswith("moe") else QWEN3
     hf = spec.tiny_hf_config(vocab_size=16, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=16)
     parallel = ParallelConfig(ep=2 if case == "moe-ep2" else 1, cp=2 if case == "cp2" else 1,
-                              tp=2 if case == "tp2-sp" else 1, sp=case == "tp2-sp")
+                              tp=2 if case.endswith("tp2-sp") else 1, sp=case.endswith("tp2-sp"))
     actor = MegatronActor(spec, hf, ActorConfig(micro_batch_size=2, parallel=parallel), SPECS[0])
     # responses long enough that every context-parallel rank holds some of their tokens
     batch = Batch(build_sequences([[1, 2, 3]] * 4, [[4, 5, 6, 7, 8, 9]] * 4, pad_id=0))
@@ -41,6 +42,32 @@ SCRIPT = textwrap.dedent("""
         return [actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 24.0, 4),
                                                         {"loss": float(-(lp * mb["response_mask"]).sum())}))["loss"]
                 for _ in range(steps)]
+    if case == "mla-tp2-sp":   # the KV down projection's positional rows get their whole gradient (all TP ranks'
+        # heads): autograd's directional derivative along them equals the finite difference of the loss
+        import torch.distributed as dist
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+        model = actor.model.eval()
+        ids = torch.randint(1, 16, (2, 8), generator=torch.Generator().manual_seed(0))
+        weights = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        def loss():
+            return (gather_from_tensor_model_parallel_region(model(ids, torch.arange(8).expand_as(ids), None))
+                    .double() * weights).sum()
+        w = model.decoder.layers[0].self_attention.linear_kv_down_proj.weight
+        direction = torch.zeros_like(w)
+        if dist.get_rank() == 1:   # the last rows of the whole weight: the positional key's
+            direction[-hf["qk_rope_head_dim"]:] = torch.randn(hf["qk_rope_head_dim"], w.shape[1])
+        grad, = torch.autograd.grad(loss(), [w])
+        along = (grad.double() * direction).sum().reshape(1)
+        dist.all_reduce(along)
+        with torch.no_grad():   # (fp32 losses: a smaller step is lost in rounding; without the shim 2x off)
+            w.add_(direction, alpha=3e-2)
+            up = loss()
+            w.add_(direction, alpha=-6e-2)
+            down = loss()
+            w.add_(direction, alpha=3e-2)
+        finite = (up - down).item() / 6e-2
+        assert abs(finite - along.item()) <= 1e-2 * abs(finite), (finite, along.item())
+        actor.model.train()
     losses = train(actor, 3)
     assert losses[-1] < losses[0], losses
     if case == "checkpoint":   # saved, then loaded into a fresh actor: the next updates are the same, bit for bit
@@ -87,7 +114,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 CASES = {name: shim.needed_by for name, shim in patches.SHIMS.items()}
-MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp")
+MULTI_PROCESS = ("moe-ep2", "cp2", "tp2-sp", "mla-tp2-sp")
 
 
 def run(tmp_path, case, *skip):
@@ -116,7 +143,7 @@ def test_every_shim_records_its_version_why_and_case():
     assert len(patches.SHIMS) >= 20
     for name, shim in patches.SHIMS.items():
         assert shim.written_for == "0.16.1" and len(shim.why.split()) >= 10, name
-        assert shim.needed_by in ("dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "checkpoint",
+        assert shim.needed_by in ("dense", "moe", "moe-ep2", "cp2", "tp2-sp", "mla", "mla-tp2-sp", "checkpoint",
                                   "crafted-checkpoint", "hybrid"), name
 
 

@@ -286,7 +286,9 @@ MODELS = {"qwen3": ("rlcore_model_qwen3.plugin", "QWEN3", ("linear_qkv", "linear
           "deepseek_v3": ("rlcore_model_deepseek.plugin", "DEEPSEEK_V3",
                           ("linear_q_down_proj", "linear_q_up_proj", *MLA), 2 * 5 * 2),
           "moonlight": ("rlcore_model_deepseek.plugin", "MOONLIGHT", ("linear_q_proj", *MLA), 2 * 4 * 2)}
-CASES = [("qwen3", layout) for layout in sorted(LAYOUTS)] + [("deepseek_v3", "tp1"), ("moonlight", "tp1")]
+# (megatron-core's MoE layers need sequence parallelism at TP > 1)
+CASES = [("qwen3", layout) for layout in sorted(LAYOUTS)] + [(m, layout) for m in ("deepseek_v3", "moonlight")
+                                                             for layout in ("tp1", "tp2-sp")]
 TINY_MLA = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
                 ffn_hidden_size=32, max_position_embeddings=32)   # layer 0 dense, layer 1 MoE
 

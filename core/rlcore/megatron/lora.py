@@ -121,7 +121,9 @@ class LoRAAdapter(torch.nn.Module):
         self.sequence_parallel = bool(base.sequence_parallel) and self.tp_size > 1 and not self.expert
         for p in (self.A, self.B):   # an expert's: Megatron DDP's expert buffers, reduced over expert data parallelism
             setattr(p, "allreduce", not self.expert)
-        self._hook = base.register_forward_hook(self._add_to_output, with_kwargs=True)
+        # first among the linear's hooks: it adds to the linear's own output (MLA's kv down projection has a hook
+        # that gathers that output over TP: rlcore.megatron.patches.compat)
+        self._hook = base.register_forward_hook(self._add_to_output, with_kwargs=True, prepend=True)
 
     def _add_to_output(self, base: Any, args: tuple, kwargs: dict, output: Any) -> Any:
         if not self.enabled:

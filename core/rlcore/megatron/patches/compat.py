@@ -56,6 +56,53 @@ def multi_latent_attention_without_transformer_engine() -> None:
     multi_latent_attention.HAVE_TE = False
 
 
+@shim("mla-tp2-sp")
+def multi_latent_attention_reduces_the_positional_key_gradient() -> None:
+    """megatron-core 0.16.1's MLA with a column-parallel ``linear_kv_down_proj`` (its local spec) gathers that
+    projection's output over TP and splits off the positional key, which each TP rank expands over its own heads
+    only; the gather's backward keeps each rank's own slice, so the positional rows' gradient is the sum over one
+    rank's heads, never reduced over TP (NVIDIA/Megatron-LM#1699, open): at TP > 1 the down projection's gradient and
+    every gradient before it are wrong (a DeepSeek-V3 LoRA update at TP2 differed from TP1 by 3 %). A forward hook
+    gathers the output itself, so the attention takes the path it takes for a replicated (duplicated) projection:
+    with sequence parallelism the output is cut back to this rank's sequence chunk and the attention gathers the
+    positional key over the sequence, whose backward reduce-scatters (sums) its gradient; without, the positional
+    columns pass a TP region that all-reduces their gradient. The forward values are unchanged."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    if getattr(MLASelfAttention, "_rlcore_positional_key", False):
+        return
+    original = MLASelfAttention.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        down = self.linear_kv_down_proj
+        if isinstance(down, ColumnParallelLinear) and down.tp_group is not None and down.tp_group.size() > 1:
+            down.register_forward_hook(_kv_down_output_whole(self.config.qk_pos_emb_head_dim, down.tp_group,
+                                                             self.config.sequence_parallel))
+
+    MLASelfAttention.__init__ = __init__
+    MLASelfAttention._rlcore_positional_key = True
+
+
+def _kv_down_output_whole(positional: int, group, sequence_parallel: bool):
+    """The forward hook of ``multi_latent_attention_reduces_the_positional_key_gradient``."""
+    import torch
+    from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
+                                                        gather_from_tensor_model_parallel_region,
+                                                        scatter_to_sequence_parallel_region)
+
+    def hook(module, args, output):
+        out, bias = output
+        whole = gather_from_tensor_model_parallel_region(out, group=group)
+        if sequence_parallel:
+            return scatter_to_sequence_parallel_region(whole, group=group), bias
+        compressed, key = whole.split([whole.shape[-1] - positional, positional], dim=-1)
+        return torch.cat([compressed, copy_to_tensor_model_parallel_region(key, group=group)], dim=-1), bias
+
+    return hook
+
+
 @shim("checkpoint")
 def checkpoint_writes_without_a_spawned_manager() -> None:
     """The first checkpoint save starts a ``multiprocessing`` Manager through the *spawn* context to carry write
