@@ -1,7 +1,7 @@
 """What LoRA saves: optimizer state, gradient buffers, parameters and the reference policy per rank, LoRA against
 full fine-tuning, on Qwen2.5-0.5B's published shape; and one weight sync, merged weights against adapters only.
 
-    python bench/lora_memory.py [--rank 16] [--repeats 3] [--small]
+    python bench/lora_memory.py [--rank 16] [--repeats 3] [--engine vllm|none] [--small]
 
 The model is configs/models/qwen2.5-0.5b.json (Qwen2.5-0.5B's config.json: hidden 896, 24 layers, 14 heads, 2 KV
 heads, FFN 4864, vocabulary 151936, tied embeddings) with random weights built in-process (nothing downloaded);
@@ -25,7 +25,10 @@ the same stream in the LoRA arm, each adapted weight sent as W + B A * scale (wh
 *adapters*: the adapters alone, as ``rollout.lora=adapters`` sends them (``rlcore.weight_sync.adapters.AdapterSync``:
 gathered over the ranks, in PEFT's per-projection layout), alternating with *merged*. The engine's own load is not
 part of this benchmark (bench/weight_sync.py measures vLLM's and SGLang's): every tensor a sync yields is copied into
-a buffer allocated beforehand, as an engine copies into its parameters, so each pays for its bytes alike.
+a buffer allocated beforehand, as an engine copies into its parameters, so each pays for its bytes alike. With
+``--engine vllm`` (the default) also whole syncs into a real vLLM engine started from the base weights, through the
+run's own ``HybridEngine.sync_weights``: merged into an engine without LoRA, adapters into one with LoRA on (one
+engine at a time, after a warm-up sync each).
 
 Goal (issue 29): LoRA's optimizer state <= 5% of full fine-tuning's at rank 16. Last line:
 ``lora optimizer state <p>% of full``.
@@ -35,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 MODEL_CONFIG = "qwen2.5-0.5b"            # configs/models/
@@ -118,7 +123,35 @@ def syncs(actor, repeats: int, lora: bool) -> dict[str, dict[str, float]]:
     return {what: dict(counted[what], seconds=statistics.median(seconds[what])) for what in streams}
 
 
-def arm_main(arm: str, rank: int, small: bool, repeats: int) -> dict:
+def engine_syncs(actor, registry, cfg, base: str, repeats: int) -> dict[str, dict[str, float]]:
+    """Whole syncs into a real vLLM engine started from ``base`` (the base weights), through the run's own code
+    (``HybridEngine.sync_weights``: its seconds, bytes and tensors): merged weights into an engine as a merged run
+    starts it, then the adapters into one with LoRA on (``rollout.lora=adapters``), one engine at a time. Median of
+    ``repeats`` after a warm-up sync (a fresh engine's first load is slower)."""
+    import statistics
+
+    from rlcore.config.loader import lora_config
+    from rlcore.weight_sync.adapters import AdapterSync
+    from rlcore.weight_sync.hybrid import HybridEngine
+
+    backend = registry.get("rollout_backends", "vllm")
+    results = {}
+    for what in ("merged", "adapters"):
+        lora = what == "adapters"
+        engine = backend.factory(base, cfg.rollout, max_model_len=64, lora_rank=cfg.actor.lora.rank if lora else 0)
+        adapters = AdapterSync(actor.model, actor.converter, lora_config(cfg.actor.lora), base) if lora else None
+        hybrid = HybridEngine(actor, engine, adapters=adapters)
+        stats = []
+        for _ in range(repeats + 1):
+            hybrid.mark_updated()
+            stats.append(hybrid.sync_weights())
+        engine.stop()
+        results[what] = dict(seconds=statistics.median(s.seconds for s in stats[1:]), bytes=stats[-1].bytes,
+                             tensors=stats[-1].tensors)
+    return results
+
+
+def arm_main(arm: str, rank: int, small: bool, repeats: int, engine: bool) -> dict:
     """One arm in this process: the actor, its reference, one update, what it holds."""
     import torch
 
@@ -143,6 +176,13 @@ def arm_main(arm: str, rank: int, small: bool, repeats: int) -> dict:
         hf.update(SMALL, layer_types=hf["layer_types"][: SMALL["num_hidden_layers"]])
     actor = MegatronActor(spec, hf, cfg.actor, registry.get("optimizers", cfg.actor.optim.name), seed=0)
     built = _resident()
+    base = tempfile.mkdtemp(prefix="lora-memory-base-")
+    if engine and arm == "lora":   # the engine's base weights (B = 0: what the actor streams is the base exactly)
+        from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+        actor.save_hf(base)
+        write_char_tokenizer(base)
+        built = _resident()
     if not needs_reference:
         raise SystemExit(f"{cfg.algorithm['name']} with {dict(cfg.algorithm)} keeps no reference policy: the benchmark "
                          "needs a KL term (algorithm.kl_coef > 0)")
@@ -175,9 +215,12 @@ def arm_main(arm: str, rank: int, small: bool, repeats: int) -> dict:
     estimated = dict(m["per_device"], reference=m["reference"])
     peak = _status("VmHWM")        # before the sync, whose destination buffers are this benchmark's own
     synced = syncs(actor, repeats, lora=arm == "lora")
+    engine_synced = engine_syncs(actor, registry, cfg, base, repeats) if engine and arm == "lora" else {}
+    shutil.rmtree(base)
     del actor
     shutdown_parallel()
-    return dict(arm=arm, measured=measured, estimated=estimated, sync=synced, peak_rss=peak)
+    return dict(arm=arm, measured=measured, estimated=estimated, sync=synced, engine_sync=engine_synced,
+                peak_rss=peak)
 
 
 def _gib(n: float) -> str:
@@ -218,6 +261,16 @@ def report(results: dict[str, dict], rank: int, small: bool) -> str:
               f"adapters / merged: {adapters['bytes'] / merged['bytes']:.2%} of the bytes, "
               f"{adapters['seconds'] / merged['seconds']:.2%} of the seconds; merged / full fine-tuning's: "
               f"{merged['seconds'] / plain['seconds']:.2f}x the seconds (the merges)", ""]
+    if lora["engine_sync"]:
+        merged, adapters = lora["engine_sync"]["merged"], lora["engine_sync"]["adapters"]
+        lines += ["whole syncs into vLLM (HybridEngine.sync_weights, the engine's load included; rollout.lora=merged "
+                  "into an engine without LoRA, rollout.lora=adapters into one with it)",
+                  f"{'':<16} {'MB':>9} {'tensors':>8} {'s':>7}",
+                  f"merged           {merged['bytes'] / MB:>9.1f} {merged['tensors']:>8} {merged['seconds']:>7.3f}",
+                  f"adapters only    {adapters['bytes'] / MB:>9.1f} {adapters['tensors']:>8} "
+                  f"{adapters['seconds']:>7.3f}",
+                  f"adapters / merged: {adapters['bytes'] / merged['bytes']:.2%} of the bytes, "
+                  f"{adapters['seconds'] / merged['seconds']:.2%} of the seconds", ""]
     share = lora["measured"]["optimizer"] / full["measured"]["optimizer"]
     lines.append(f"lora optimizer state {share * 100:.2f}% of full")
     return "\n".join(lines)
@@ -228,10 +281,13 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16, help="actor.lora.rank")
     parser.add_argument("--small", action="store_true", help="2 layers, vocabulary 8192: a quick check")
     parser.add_argument("--repeats", type=int, default=3, help="timed syncs of each kind (median)")
+    parser.add_argument("--engine", choices=["vllm", "none"], default="vllm",
+                        help="also time whole syncs into a vLLM engine (none: skip; the engine's start takes ~1 min)")
     parser.add_argument("--arm", choices=["full", "lora"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
-        print(json.dumps(arm_main(args.arm, args.rank, args.small, args.repeats)), flush=True)
+        print(json.dumps(arm_main(args.arm, args.rank, args.small, args.repeats, args.engine == "vllm")),
+              flush=True)
         return
     results = {}
     for arm in ("full", "lora"):          # one process each: its own peak memory, its own parallel state
