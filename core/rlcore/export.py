@@ -165,26 +165,12 @@ def checkpoint_peft_adapter(directory: str, spec: ModelSpec, hf_config: dict, dt
                             base_model: str | None) -> tuple[dict[str, torch.Tensor], dict]:
     """The LoRA adapters saved in ``directory`` as PEFT's adapter: the state dict of ``adapter_model.safetensors``
     and ``adapter_config.json`` (``base_model``: its base_model_name_or_path). Adapter-sized."""
-    from rlcore.lora_peft import (adapter_config, expert_target_parameters, peft_expert_state_dict, peft_state_dict,
-                                  routed_expert, stacked_experts, target_modules)
+    from rlcore.lora_peft import adapter_config, peft_adapter
 
     model = SavedModel(directory, spec, hf_config, dtype, lora)
-    state: dict[str, torch.Tensor] = {}
-    modules: list[str] = []
-    experts: dict[tuple[str, str], list] = {}   # a MoE layer's fc1 or fc2: (expert, its factors) of every expert
-    for name, _, factors in model.peft_adapters():
-        expert = routed_expert(name)
-        if expert:
-            experts.setdefault((expert[0], expert[2]), []).append((expert[1], factors))
-        else:
-            modules += [m for m, _, _ in factors]
-            state |= peft_state_dict(factors)
-    # transformers holds the routed experts fused: PEFT adapts them as parameters, a layer's experts stacked
-    layers = [stacked_experts(fc, [f for _, f in sorted(each, key=lambda e: e[0])])
-              for (_, fc), each in experts.items()]
-    state |= peft_expert_state_dict(layers)
-    return state, adapter_config(lora, target_modules(modules, model.converter.hf_names()), base_model,
-                                 expert_target_parameters(layers))
+    state, modules, parameters = peft_adapter(((name, factors) for name, _, factors in model.peft_adapters()),
+                                              model.converter.hf_names())
+    return state, adapter_config(lora, modules, base_model, parameters)
 
 
 def write_peft_adapter(out: str, state: dict[str, torch.Tensor], config: dict) -> None:

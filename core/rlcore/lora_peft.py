@@ -176,6 +176,28 @@ def expert_target_parameters(layers: Iterable[tuple[str, str, torch.Tensor, torc
     return sorted({f"experts.{parameter}" for _, parameter, _, _ in layers})
 
 
+def peft_adapter(weights: Iterable[tuple[str, list[tuple[str, torch.Tensor, torch.Tensor]]]], hf_weight_names:
+                 Iterable[str]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    """A whole PEFT adapter from each adapted weight's (global name, ``peft_factors``): the tensors of
+    ``adapter_model.safetensors``, PEFT's target_modules and target_parameters (for ``adapter_config``). A MoE
+    layer's routed experts are stacked into PEFT's parameter LoRA (``stacked_experts``), the rest per projection.
+    ``hf_weight_names``: all of the model's HF tensors (``converter.hf_names()``)."""
+    state: dict[str, torch.Tensor] = {}
+    modules: list[str] = []
+    experts: dict[tuple[str, str], list] = {}   # a MoE layer's fc1 or fc2: (expert, its factors) of every expert
+    for name, factors in weights:
+        expert = routed_expert(name)
+        if expert:
+            experts.setdefault((expert[0], expert[2]), []).append((expert[1], factors))
+        else:
+            modules += [m for m, _, _ in factors]
+            state |= peft_state_dict(factors)
+    layers = [stacked_experts(fc, [f for _, f in sorted(each, key=lambda e: e[0])])
+              for (_, fc), each in experts.items()]
+    state |= peft_expert_state_dict(layers)
+    return state, target_modules(modules, hf_weight_names), expert_target_parameters(layers)
+
+
 def _strip_weight(hf_name: str) -> str | None:
     return hf_name[: -len(".weight")] if hf_name.endswith(".weight") else None
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
-from rlcore.lora_peft import adapter_config, peft_factors, peft_state_dict, target_modules
+from rlcore.lora_peft import adapter_config, peft_adapter, peft_factors
 from rlcore.weight_sync.reshard import adapted_weights
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ class AdapterSync:
     """Built once per model on every rank (collective over the default group); ``tensors()`` (collective) gives the
     whole adapter as PEFT's state dict on every rank, ``config`` its ``adapter_config.json``."""
 
-    def __init__(self, model: GPTModel, converter: WeightConverter, lora: LoRAConfig, base_path: str | None):
+    def __init__(self, model: GPTModel, converter: WeightConverter, lora: LoRAConfig, base_path: str | None,
+                 engine: bool = True):
         from rlcore.megatron.lora import ColumnLoRA
 
         self.converter = converter
@@ -61,7 +62,7 @@ class AdapterSync:
         if not self.adapters:
             raise ValueError("rollout.lora=adapters: the actor has no LoRA adapters (actor.lora.rank is 0)")
         experts = sorted(name for name, a in self.adapters.items() if getattr(a, "expert", False))
-        if experts:
+        if experts and engine:   # the end-of-run adapter export (engine=False) takes them, in PEFT's stacked form
             raise ValueError(f"rollout.lora=adapters does not send MoE experts' adapters yet ({experts[0]}, ...): use "
                              "rollout.lora=merged, or leave linear_fc1/linear_fc2 out of actor.lora.target_modules")
         self.dtype = next(iter(self.adapters.values())).A.dtype
@@ -79,9 +80,9 @@ class AdapterSync:
                     slots[s.index] = s
                     self.plan[rank].append(s)
         self.padded = max(sum(s.numel for s in shards) for shards in self.plan)
-        modules = [module for name, slots in self.shards.items()
-                   for module, _, _ in peft_factors(converter, name, *self._meta(slots), column=self._column(name))]
-        self.config = adapter_config(lora, target_modules(modules, converter.hf_names()), base_path)
+        _, modules, parameters = peft_adapter(((name, self._peft_factors(name, *self._meta(slots)))
+                                               for name, slots in self.shards.items()), converter.hf_names())
+        self.config = adapter_config(lora, modules, base_path, parameters)
 
     def _meta(self, slots: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return ([torch.empty(s.a_shape, dtype=self.dtype, device="meta") for s in slots],
@@ -108,9 +109,11 @@ class AdapterSync:
                 offset += _numel(s.a_shape)                                              # safetensors refuses views
                 factors[s.name][s.index] = (a, buffer[offset: offset + _numel(s.b_shape)].view(s.b_shape).clone())
                 offset += _numel(s.b_shape)
-        return peft_state_dict(triple for name, pairs in factors.items()
-                               for triple in peft_factors(self.converter, name, [a for a, _ in pairs],
-                                                          [b for _, b in pairs], column=self._column(name)))
+        return peft_adapter(((name, self._peft_factors(name, [a for a, _ in pairs], [b for _, b in pairs]))
+                             for name, pairs in factors.items()), self.converter.hf_names())[0]
+
+    def _peft_factors(self, name: str, a_shards: list[torch.Tensor], b_shards: list[torch.Tensor]) -> list:
+        return peft_factors(self.converter, name, a_shards, b_shards, column=self._column(name))
 
     def _column(self, name: str) -> bool:
         first = self.shards[name][0]

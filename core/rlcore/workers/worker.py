@@ -286,7 +286,7 @@ class ActorWorker(Worker):
         from rlcore.export import write_peft_adapter
 
         sync = self.adapter_sync or AdapterSync(self.actor.model, self.actor.converter,
-                                                lora_config(self.cfg.actor.lora), base_path)
+                                                lora_config(self.cfg.actor.lora), base_path, engine=False)
         tensors = sync.tensors()
         if dist.get_rank() == 0:
             write_peft_adapter(directory, tensors, sync.config)
