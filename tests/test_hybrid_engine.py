@@ -72,3 +72,20 @@ def test_full_order_with_every_offload_switch():
     backend.calls.clear()
     engine.train_mode()
     assert backend.calls == ["release_memory", "onload_params", "onload_grads", "onload_optimizer"]
+
+
+def test_the_engine_check_reads_the_actor_with_its_params_on_the_device():
+    """In rollout mode with offloaded params, the engine check's actor pass gets them back for its duration (it read
+    storage of size 0 before: 'setStorage ... size 0'); in train mode they are on the device already."""
+    from types import SimpleNamespace
+
+    backend = RecordingBackend(can_release=False)
+    actor = TinyActor(backend.calls)
+    engine = HybridEngine(actor, backend, offload=SimpleNamespace(params=True, grads=False, optimizer=False))
+    with engine.actor_params_on_device():
+        assert backend.calls == [], "train mode: nothing moves"
+    engine.rollout_mode()
+    backend.calls.clear()
+    with engine.actor_params_on_device():
+        assert backend.calls == ["onload_params"]
+    assert backend.calls == ["onload_params", "offload_params"]

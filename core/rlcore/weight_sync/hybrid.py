@@ -8,6 +8,7 @@ The engine steps run only for backends that can release memory (vLLM's CPU build
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -62,6 +63,19 @@ class HybridEngine:
             self._do("resume_rollout_kv_cache", self.rollout.resume_memory, "kv_cache")
         self.mode = self.ROLLOUT
         return stats
+
+    @contextmanager
+    def actor_params_on_device(self) -> Iterator[None]:
+        """Within the block the actor's parameters are on the device, also in rollout mode with them offloaded (the
+        engine check reads the actor between sync and generation); offloaded again after it."""
+        offloaded = self.mode == self.ROLLOUT and "params" in self.offloaded
+        if offloaded:
+            self.actor.onload("params")
+        try:
+            yield
+        finally:
+            if offloaded:
+                self.actor.offload("params")
 
     def train_mode(self) -> None:
         if self.mode == self.TRAIN:

@@ -334,7 +334,8 @@ class ActorRolloutWorker(ActorWorker):
         return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
 
     def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
-        return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
+        with self.engine.actor_params_on_device():
+            return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
 
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
         metrics = super().train_step(share, total_tokens, total_sequences, single_update)
