@@ -321,7 +321,7 @@ TABLE: list[Key] = [
             "from the checkpoint's config.json (RoPE does not depend on it)"),
     refused(f"{ARR}.model.override_config.*", "rlcore takes the model's sizes from its config.json", "model.path"),
     # LoRA: verl's Megatron keys (model.lora.*, megatron-core's linear names) and its FSDP ones (model.lora_rank, HF's
-    # projection names) both set actor.lora; rlcore merges the adapters into each weight it sends the engine
+    # projection names) both set actor.lora; model.lora.merge picks what the engine gets (rollout.lora)
     mapped(f"{ARR}.model.lora.rank", "actor.lora.rank", one(as_int), "adapter rank (0: off, full fine-tuning)",
            ("16", {"actor.lora.rank": 16})),
     mapped(f"{ARR}.model.lora.alpha", "actor.lora.alpha", one(as_float), "the adapters' scale is alpha / rank",
@@ -336,7 +336,9 @@ TABLE: list[Key] = [
     refused(f"{ARR}.model.lora.type", "rlcore's adapters are plain LoRA", "actor.lora.rank", accepts=("lora",)),
     refused(f"{ARR}.model.lora.dropout_position", "rlcore's dropout is on the adapters' input", "actor.lora.dropout",
             accepts=("pre",)),
-    ignored(f"{ARR}.model.lora.merge", "rlcore sends the engine each adapted weight merged (W + B A x scale)"),
+    mapped(f"{ARR}.model.lora.merge", "rollout.lora", one(lambda v: "merged" if as_bool(v) else "adapters"),
+           "True: the engine gets each adapted weight merged (W + B A x scale); False: the adapters alone, which it "
+           "serves on the base weights (vLLM)", ("False", {"rollout.lora": "adapters"})),
     ignored(f"{ARR}.model.lora.lora_A_init_method", "rlcore initialises A as PEFT does; B starts at 0, so the "
             "starting model is the base model either way"),
     refused(f"{ARR}.model.lora.lora_B_init_method", "B starts at 0 in rlcore (the starting model is the base model)",
