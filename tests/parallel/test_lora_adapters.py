@@ -4,8 +4,8 @@ sequence parallelism.
 One linear of each kind with random non-zero A and B: its output (gathered) and the gradients of its input, A and B
 equal the full-matrix LoRA x W^T + x A^T B^T * scale computed unsharded in plain torch; the base weight gets no
 gradient and no all-gather ever sends it; adapters off give the base output exactly; with dropout, replicated
-adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel, and DeepSeek-V3's and Moonlight's multi-latent
-attention projections, with adapters set from per-projection (PEFT-style) adapters through the model's own weight
+adapter gradients agree over TP ranks. A tiny Qwen3 GPTModel, and DeepSeek-V3's multi-latent attention
+projections, with adapters set from per-projection (PEFT-style) adapters through the model's own weight
 rules (their count is what --dry-run sizes): its logits equal those of the base model with the merged weights
 W + B A * scale in every layout, and so agree between TP1 and TP2; so do the adapters' gradients after one backward
 pass, mapped to per-projection tensors by the same rules."""
@@ -281,14 +281,13 @@ MLA = ("linear_kv_down_proj", "linear_kv_up_proj", "linear_proj")
 # plugin, model spec, targets, per-projection gradient tensors (of both layers: B and A of each adapted HF weight)
 MODELS = {"qwen3": ("rlcore_model_qwen3.plugin", "QWEN3", ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
                     2 * (4 + 2 + 3 + 2)),   # q/k/v B + A, o_proj A + B, gate/up B + A, down_proj A + B
-          # multi-latent attention: query compression (down/up projections; DeepSeek-V3) or one query projection
-          # (Moonlight); the down projections are column-parallel like the up ones, their output gathered over TP
+          # multi-latent attention with query compression: the down projections are column-parallel like the up
+          # ones, their output gathered over TP
           "deepseek_v3": ("rlcore_model_deepseek.plugin", "DEEPSEEK_V3",
-                          ("linear_q_down_proj", "linear_q_up_proj", *MLA), 2 * 5 * 2),
-          "moonlight": ("rlcore_model_deepseek.plugin", "MOONLIGHT", ("linear_q_proj", *MLA), 2 * 4 * 2)}
-# (megatron-core's MoE layers need sequence parallelism at TP > 1)
-CASES = [("qwen3", layout) for layout in sorted(LAYOUTS)] + [(m, layout) for m in ("deepseek_v3", "moonlight")
-                                                             for layout in ("tp1", "tp2-sp")]
+                          ("linear_q_down_proj", "linear_q_up_proj", *MLA), 2 * 5 * 2)}
+# DeepSeek-V3 at TP2 with sequence parallelism only (megatron-core's MoE layers need it at TP > 1); Moonlight's
+# linear_q_proj is checked against PEFT at TP1 and TP2 (test_lora_peft_equivalence.py)
+CASES = [("qwen3", layout) for layout in sorted(LAYOUTS)] + [("deepseek_v3", "tp1"), ("deepseek_v3", "tp2-sp")]
 TINY_MLA = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=8,
                 ffn_hidden_size=32, max_position_embeddings=32)   # layer 0 dense, layer 1 MoE
 

@@ -22,20 +22,18 @@ SIZES = dict(vocab_size=48, hidden_size=64, num_layers=2, num_heads=4, num_kv_he
              ffn_hidden_size=64, max_position_embeddings=32)
 ATTENTION = ["linear_qkv", "linear_proj"]
 DENSE = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+MLA = ["linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]   # PEFT's kv_a_proj_with_mqa, kv_b_proj, o_proj
 # family -> (its tiny checkpoint's sizes, LoRA targets): MoE families' attention (expert adapters are another
-# test's); DeepSeek's MLA keeps only its output projection here (its MLA projections are another test's). At TP2 the
-# MoE families run with sequence parallelism (megatron-core requires it for MoE with TP in training), the dense ones
-# without: both of the adapters' TP patterns
+# test's); DeepSeek-V3's and Moonlight's multi-latent attention with query compression (q_a_proj, q_b_proj) and
+# without (q_proj). At TP2 the MoE families run with sequence parallelism (megatron-core requires it for MoE with TP
+# in training), the dense ones without: both of the adapters' TP patterns
 FAMILIES = {"qwen3": ({}, DENSE), "qwen2": ({}, DENSE), "llama": ({}, DENSE), "qwen3_moe": ({}, ATTENTION),
-            "mixtral": ({}, ATTENTION), "deepseek_v3": (dict(num_layers=3, num_kv_heads=4), ["linear_proj"])}
+            "mixtral": ({}, ATTENTION),
+            "deepseek_v3": (dict(num_layers=3, num_kv_heads=4), ["linear_q_down_proj", "linear_q_up_proj", *MLA]),
+            "moonlight": (dict(num_layers=3, num_kv_heads=4), ["linear_q_proj", *MLA])}
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "ep2": (2, 1, 2)}   # name: (processes, tp, ep)
-MOE = ["qwen3_moe", "mixtral", "deepseek_v3"]
-# DeepSeek at TP1 only: at TP2 megatron-core's MLA leaves the gradient of the shared RoPE key (k_pos_emb, expanded
-# over each rank's heads) unsummed over TP (NVIDIA/Megatron-LM#1699, open): every layer below an MLA layer gets a
-# gradient off by ~1e-3 relative (seen here: layer 0/1 o_proj adapter gradients off by 6e-5 of 5e-2, the last
-# layer's exact to 3e-8, dense and MoE alike), full fine-tuning's too: not the adapters'
-PER_LAYOUT = {"tp1": list(FAMILIES), "tp2": [f for f in FAMILIES if f != "deepseek_v3"],
-              "ep2": ["qwen3_moe", "mixtral"]}
+MOE = ["qwen3_moe", "mixtral", "deepseek_v3", "moonlight"]
+PER_LAYOUT = {"tp1": list(FAMILIES), "tp2": list(FAMILIES), "ep2": ["qwen3_moe", "mixtral"]}
 RANK, ALPHA = 4, 8.0
 LR = EPS = 1000.0      # Adam's first update u = -lr * g / (|g| + eps): g = -u * eps / (lr - |u|)
 
