@@ -145,6 +145,12 @@ def base_fingerprint(model_path: str) -> dict[str, list]:
     return found
 
 
+def base_differences(recorded: dict[str, list], model_path: str) -> list[str]:
+    """The weight files in which ``model_path`` differs from a LoRA checkpoint's recorded base (``base_fingerprint``)."""
+    now = base_fingerprint(model_path)
+    return sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
+
+
 def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict,
                      model_path: str) -> None:
     """Refuse, before any worker starts, a checkpoint of another model family, architecture or plugin set, or LoRA
@@ -157,8 +163,7 @@ def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict
     force = "; resume anyway with trainer.resume_strict=false"
     base = saved["model"].get("base")
     if base is not None:
-        now = base_fingerprint(model_path)
-        differ = sorted(name for name in set(base) | set(now) if base.get(name) != now.get(name))
+        differ = base_differences(base, model_path)
         if differ:
             raise ConfigError(f"checkpoint {path} holds LoRA adapters trained on the base weights in "
                               f"{saved['model'].get('path')}; this run's base {model_path} differs in "

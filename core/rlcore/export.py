@@ -234,7 +234,7 @@ def lora_base(path: str, state: dict, base: str | None) -> BaseWeights:
     """Where the base weights of the LoRA checkpoint ``path`` are: ``base`` (--base) or the directory the run
     started from (rlcore_checkpoint.json model.path), which must still be there and hold the weights the run
     fingerprinted (model.base); None for a checkpoint from before that record, which holds them itself."""
-    from rlcore.checkpoint import base_fingerprint
+    from rlcore.checkpoint import base_differences
     from rlcore.megatron.model import starting_weights
 
     where = base or state["model"].get("path")
@@ -246,8 +246,7 @@ def lora_base(path: str, state: dict, base: str | None) -> BaseWeights:
                           f"which is not a directory: pass --base <the HF checkpoint the run started from>")
     recorded = state["model"].get("base")
     if recorded is not None:
-        now = base_fingerprint(where)
-        differ = sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
+        differ = base_differences(recorded, where)
         if differ:
             raise ConfigError(f"the LoRA checkpoint {path}'s adapters were trained on other base weights than "
                               f"{where!r} ({source}) holds: {', '.join(differ[:3])} differ; pass --base <the HF "
