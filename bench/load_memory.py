@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from process_memory import reset_peak, status   # bench/process_memory.py
+
 MODELS = {
     "dense": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=32000, hidden_size=1024,
                   intermediate_size=3072, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=8,
@@ -73,25 +75,6 @@ def write_checkpoint(model: str, path: str, file_bytes: int) -> int:
     return max(s.nbytes for s in specs)
 
 
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> int:
-    """Returns freed heap memory to the system (so that memory freed earlier cannot hide a rise), then resets the
-    peak resident size to the current one (Linux >= 4.0); returns it."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status("VmRSS")
-
-
 def _baseline_load(model, converter, path: str) -> None:
     """The loading code before the lazy reader: every file whole, every converted tensor kept until all are
     copied."""
@@ -133,17 +116,17 @@ def rank_main(args) -> None:
     hf_config = read_hf_config(args.ckpt)
     init_parallel(tp=args.tp, pp=args.pp, ep=args.ep, seed=0)
     rank = dist.get_rank()
-    before = _reset_peak()
+    before = reset_peak()
     model, converter = build_gpt(spec, hf_config, "bfloat16")
     if args.baseline:
         _baseline_load(model, converter, args.ckpt)
     else:
         load_hf_into(model, converter, HFCheckpoint(args.ckpt))
-    load_rise = _status("VmHWM") - before
+    load_rise = status("VmHWM") - before
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     resharder = Resharder(model, converter, bucket_bytes=args.bucket_mb << 20)
     dist.barrier()
-    before = _reset_peak()
+    before = reset_peak()
     out = os.path.join(args.out, "export")
     if rank == 0:
         if args.baseline:      # the old save_hf: one dict of every tensor, one file
@@ -156,7 +139,7 @@ def rank_main(args) -> None:
     else:
         for _ in resharder.stream():
             pass
-    export_rise = _status("VmHWM") - before
+    export_rise = status("VmHWM") - before
     dist.barrier()
     rows: list = [None] * dist.get_world_size()
     dist.all_gather_object(rows, dict(rank=rank, load_rise=load_rise, param_bytes=param_bytes,

@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from process_memory import resident, status   # bench/process_memory.py
+
 MODEL_CONFIG = "qwen2.5-0.5b"            # configs/models/
 SMALL = dict(num_hidden_layers=2, vocab_size=8192, max_window_layers=2)
 MB = 1 << 20
@@ -53,23 +55,6 @@ def overrides(arm: str, rank: int) -> list[str]:
     """The run config both arms share; only actor.lora differs."""
     return ["model.family=qwen2", f"model.hf_config={MODEL_CONFIG}", "actor.dtype=bfloat16", "actor.micro_batch_size=2",
             "algorithm.name=grpo", "algorithm.kl_coef=0.001", f"actor.lora.rank={rank if arm == 'lora' else 0}"]
-
-
-def _status(key: str) -> int:
-    """A /proc/self/status entry in bytes (VmRSS: resident now, VmHWM: peak)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _resident() -> int:
-    """Resident bytes after handing freed heap memory back, so that memory freed earlier cannot hide a rise."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return _status("VmRSS")
 
 
 def _bytes(tensors) -> int:
@@ -175,19 +160,19 @@ def arm_main(arm: str, rank: int, small: bool, repeats: int, engine: bool) -> di
     if small:
         hf.update(SMALL, layer_types=hf["layer_types"][: SMALL["num_hidden_layers"]])
     actor = MegatronActor(spec, hf, cfg.actor, registry.get("optimizers", cfg.actor.optim.name), seed=0)
-    built = _resident()
+    built = resident()
     base = tempfile.mkdtemp(prefix="lora-memory-base-")
     if engine and arm == "lora":   # the engine's base weights (B = 0: what the actor streams is the base exactly)
         from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 
         actor.save_hf(base)
         write_char_tokenizer(base)
-        built = _resident()
+        built = resident()
     if not needs_reference:
         raise SystemExit(f"{cfg.algorithm['name']} with {dict(cfg.algorithm)} keeps no reference policy: the benchmark "
                          "needs a KL term (algorithm.kl_coef > 0)")
     actor.freeze_reference()       # as the run's worker does for a KL term
-    reference_rise = _resident() - built
+    reference_rise = resident() - built
     reference_bytes = _bytes(actor.reference.parameters()) if actor.reference is not None else 0
 
     g = torch.Generator().manual_seed(0)
@@ -213,7 +198,7 @@ def arm_main(arm: str, rank: int, small: bool, repeats: int, engine: bool) -> di
                     update_s=update_s, reference_is_base=actor.reference_is_base)
     m = estimate(transformer_config(spec, hf, cfg.actor.dtype), hf, cfg, needs_reference)
     estimated = dict(m["per_device"], reference=m["reference"])
-    peak = _status("VmHWM")        # before the sync, whose destination buffers are this benchmark's own
+    peak = status("VmHWM")        # before the sync, whose destination buffers are this benchmark's own
     synced = syncs(actor, repeats, lora=arm == "lora")
     engine_synced = engine_syncs(actor, registry, cfg, base, repeats) if engine and arm == "lora" else {}
     shutil.rmtree(base)
