@@ -1,6 +1,6 @@
 """LoRA on MoE experts (rlcore.megatron.lora): a tiny Qwen3-MoE GPTModel with adapters on every target (attention,
 every routed expert's fc1/fc2), on gloo at EP1, EP2 and TP2 with sequence parallelism (expert TP 1, as rlcore builds
-it).
+it); a tiny Qwen2-MoE (a gated shared expert beside the routed ones) at EP1 and EP2.
 
 The adapters are set from per-projection (PEFT-style) random adapters, one pair per expert, through the model's own
 weight rules, keyed by the expert's model-wide index: the logits equal those of the base model with the merged
@@ -25,7 +25,7 @@ MOE = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_head
            max_position_embeddings=32, num_experts=4, experts_per_token=2)
 
 SCRIPT = textwrap.dedent("""
-    import json, sys, zlib, torch, torch.distributed as dist
+    import importlib, json, sys, zlib, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
@@ -40,10 +40,9 @@ SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.sizing import _moe_layers, adapter_params
     from rlcore.weight_sync.reshard import global_name
-    from rlcore_model_qwen3.plugin import QWEN3_MOE
-
     out, path, tp, ep, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5]))
     save_to, resume_from = sys.argv[6], sys.argv[7]   # a checkpoint of the adapters to write / to load ("-": none)
+    SPEC = getattr(importlib.import_module(sys.argv[8]), sys.argv[9])
     init_parallel(tp=tp, ep=ep)
     dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
     hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
@@ -63,7 +62,7 @@ SCRIPT = textwrap.dedent("""
         return torch.cat(gathered(whole, mpu.get_data_parallel_group()), 0)
 
     def built(weights):
-        model, converter = build_gpt(QWEN3_MOE, hf_config, sequence_parallel=sp)
+        model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
         load_hf_into(model, converter, weights)
         return model.eval(), converter
 
@@ -72,7 +71,8 @@ SCRIPT = textwrap.dedent("""
     cfg = LoRAConfig(rank=4, alpha=8.0)
     params = add_lora(model, cfg)
     local_experts = len(model.decoder.layers[0].mlp.experts.local_experts)
-    assert len(params) == 2 * (2 + 2 * local_experts) * hf_config["num_hidden_layers"], len(params)
+    shared = 2 if model.config.moe_shared_expert_intermediate_size else 0   # a shared expert's fc1 and fc2
+    assert len(params) == 2 * (2 + shared + 2 * local_experts) * hf_config["num_hidden_layers"], len(params)
     sized = sum(adapter_params(model.config, cfg.rank, cfg.target_modules, moe, tp, ep)
                 for moe in _moe_layers(model.config))   # what --dry-run counts: one TP and EP rank's adapters
     assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
@@ -186,16 +186,28 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_moe(tmp_path_factory):
-    """A random tiny Qwen3-MoE checkpoint written by transformers, its router spread so that tokens go to every
-    expert."""
-    from rlcore_model_qwen3.plugin import QWEN3_MOE
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+# family -> (plugin module, model spec, HF config class, shared experts): Qwen2-MoE adds a gated shared expert
+FAMILIES = {"qwen3_moe": ("rlcore_model_qwen3.plugin", "QWEN3_MOE", "Qwen3MoeConfig", False),
+            "qwen2_moe": ("rlcore_model_qwen2.plugin", "QWEN2_MOE", "Qwen2MoeConfig", True)}
+CASES = [("qwen3_moe", layout) for layout in sorted(LAYOUTS)] + [("qwen2_moe", "ep2")]
 
-    path = tmp_path_factory.mktemp("tiny_qwen3_moe") / "ckpt"
+
+def spec_of(family):
+    import importlib
+
+    module, spec, _, _ = FAMILIES[family]
+    return getattr(importlib.import_module(module), spec)
+
+
+def tiny_moe(directory, family):
+    """A random tiny checkpoint of the family written by transformers, its router spread so that tokens go to every
+    expert."""
+    import transformers
+
+    path = directory / "ckpt"
     torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**QWEN3_MOE.tiny_hf_config(**MOE))).float()
+    config = getattr(transformers, FAMILIES[family][2])(**spec_of(family).tiny_hf_config(**MOE))
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
@@ -231,7 +243,7 @@ def transformers_with_peft(checkpoint, got: dict, names_file, directory):
     return logits.detach(), grads, names["shared_a"]
 
 
-def exported_adapter_logits(checkpoint, saved, directory, ids):
+def exported_adapter_logits(spec, checkpoint, saved, directory, ids):
     """``rlcore export``'s PEFT adapter directory of the adapter checkpoint ``saved`` (read in a world of one, as
     rlcore export reads it), loaded by ``PeftModel.from_pretrained`` onto transformers' model: its logits."""
     from peft import PeftModel
@@ -241,10 +253,9 @@ def exported_adapter_logits(checkpoint, saved, directory, ids):
     from rlcore.megatron.lora import LoRAConfig
     from rlcore.megatron.model import read_hf_config
     from rlcore.megatron.parallel import init_parallel
-    from rlcore_model_qwen3.plugin import QWEN3_MOE
 
     init_parallel()
-    write_peft_adapter(str(directory), *checkpoint_peft_adapter(str(saved), QWEN3_MOE, read_hf_config(str(checkpoint)),
+    write_peft_adapter(str(directory), *checkpoint_peft_adapter(str(saved), spec, read_hf_config(str(checkpoint)),
                                                                 "float32", LoRAConfig(rank=4, alpha=8.0),
                                                                 str(checkpoint)))
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32),
@@ -253,27 +264,37 @@ def exported_adapter_logits(checkpoint, saved, directory, ids):
         return model(input_ids=ids).logits
 
 
-def adapted_moe(tmp_path, checkpoint, layout, save_to="-", resume_from="-"):
+def adapted_moe(tmp_path, checkpoint, family, layout, save_to="-", resume_from="-"):
     procs, tp, ep, sp = LAYOUTS[layout]
     out = tmp_path / f"moe-{layout}.safetensors"
-    return (run_ranks(SCRIPT, tmp_path, procs, out, checkpoint, tp, ep, sp, save_to, resume_from),
-            out.with_name(out.name + ".json"))
+    return (run_ranks(SCRIPT, tmp_path, procs, out, checkpoint, tp, ep, sp, save_to, resume_from,
+                      *FAMILIES[family][:2]), out.with_name(out.name + ".json"))
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, tiny_qwen3_moe):
-    """The EP1 run, which also saves its adapters (megatron-core's distributed checkpoint) for the other layouts."""
-    directory = tmp_path_factory.mktemp("lora_moe")
-    return adapted_moe(directory, tiny_qwen3_moe, "ep1", save_to=directory / "adapters") + (directory / "adapters",)
+def one_process(tmp_path_factory):
+    """family -> (its tiny checkpoint, the EP1 run's outputs, the adapter checkpoint that run saves for the other
+    layouts), each made once."""
+    runs: dict = {}
+
+    def get(family):
+        if family not in runs:
+            directory = tmp_path_factory.mktemp(f"lora_{family}")
+            checkpoint = tiny_moe(directory, family)
+            runs[family] = (checkpoint, *adapted_moe(directory, checkpoint, family, "ep1",
+                                                     save_to=directory / "adapters"), directory / "adapters")
+        return runs[family]
+
+    return get
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("family, layout", CASES)
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, tiny_qwen3_moe, one_process, layout):
-    saved = one_process[2]
-    (got, names), (one_process, _) = one_process[:2] if layout == "ep1" else adapted_moe(
-        tmp_path, tiny_qwen3_moe, layout, resume_from=saved), one_process[:2]
+def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, one_process, family, layout):
+    checkpoint, one_process, reference_names, saved = one_process(family)   # the EP1 run is the reference
+    got, names = (one_process, reference_names) if layout == "ep1" else adapted_moe(
+        tmp_path, checkpoint, family, layout, resume_from=saved)
     if layout != "ep1":   # the EP1 checkpoint's adapters, each expert's read by its model-wide index
         assert got["resumed_factors_equal"].item() == 1.0, f"{layout}: the adapters read from EP1's differ"
         assert torch.equal(got["resumed"], got["adapted"])
@@ -284,16 +305,17 @@ def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, tiny_qwe
     assert (got["adapted"] - got["expected"]).abs().max().item() <= 1e-5 * (1 + moved)
     assert (got["adapted"] - one_process["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
     grads = sorted(n for n in got if n.startswith("grad."))
-    # per layer: q/k/v B + A, o_proj A + B, and per expert gate/up B + A, down_proj A + B
+    # per layer: q/k/v B + A, o_proj A + B, and per expert (and the shared one) gate/up B + A, down_proj A + B
     experts = MOE["num_experts"]
     assert grads == sorted(n for n in one_process if n.startswith("grad.")), grads
-    assert len(grads) == MOE["num_layers"] * (4 + 2 + experts * (3 + 2)), len(grads)
+    shared = 3 + 2 if FAMILIES[family][3] else 0
+    assert len(grads) == MOE["num_layers"] * (4 + 2 + experts * (3 + 2) + shared), len(grads)
     for name in grads:
         want = one_process[name]
         assert want.abs().max() > 0, name
         assert (got[name] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), name
     if LAYOUTS[layout][1] == 1:   # TP1: the same adapters, in PEFT's layout, on transformers' model
-        logits, peft_grads, shared_a = transformers_with_peft(tiny_qwen3_moe, got, names, tmp_path / "peft")
+        logits, peft_grads, shared_a = transformers_with_peft(checkpoint, got, names, tmp_path / "peft")
         assert (logits - got["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
         ours = {k.removeprefix("peft_grad."): v for k, v in got.items() if k.startswith("peft_grad.")}
         assert sorted(ours) == sorted(peft_grads)
@@ -306,7 +328,7 @@ def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, tiny_qwe
         for key, want in peft_grads.items():
             assert (ours[key] - want).abs().max().item() <= 1e-5 * (1 + want.abs().max().item()), key
     if layout == "ep2":   # rlcore export's PEFT adapter of the EP1 checkpoint, loaded by PEFT: EP2's logits
-        logits = exported_adapter_logits(tiny_qwen3_moe, saved, tmp_path / "exported", got["ids"])
+        logits = exported_adapter_logits(spec_of(family), checkpoint, saved, tmp_path / "exported", got["ids"])
         assert (logits - got["adapted"]).abs().max().item() <= 1e-5 * (1 + moved)
 
 
