@@ -6,8 +6,8 @@ lr * g / (|g| + eps), which inverts exactly), mapped to PEFT's layout by the sam
 ``lora_B`` gradients of the same loss. A fused linear's A is shared by its projections' adapters, so its gradient is
 the sum of theirs. The merged export (base weights from the HF checkpoint) equals PEFT's merge_and_unload.
 
-One torchrun launch per layout runs every family in turn (TP1, TP2; EP2 on the MoE families, attention targets:
-expert adapters are tested in test_lora_experts.py)."""
+One torchrun launch per layout runs every family in turn (TP1, TP2; EP2 on the MoE families, their routed experts
+adapted too: Megatron DDP reduces those over expert data parallelism)."""
 import textwrap
 
 import pytest
@@ -23,12 +23,12 @@ SIZES = dict(vocab_size=48, hidden_size=64, num_layers=2, num_heads=4, num_kv_he
 ATTENTION = ["linear_qkv", "linear_proj"]
 DENSE = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 MLA = ["linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]   # PEFT's kv_a_proj_with_mqa, kv_b_proj, o_proj
-# family -> (its tiny checkpoint's sizes, LoRA targets): MoE families' attention (expert adapters are another
-# test's); DeepSeek-V3's and Moonlight's multi-latent attention with query compression (q_a_proj, q_b_proj) and
-# without (q_proj). At TP2 the MoE families run with sequence parallelism (megatron-core requires it for MoE with TP
+# family -> (its tiny checkpoint's sizes, LoRA targets): the MoE families' attention and routed experts (PEFT's
+# parameter LoRA on transformers' fused experts, a layer's experts stacked); DeepSeek-V3's and Moonlight's
+# multi-latent attention with query compression (q_a_proj, q_b_proj) and without (q_proj). At TP2 the MoE families run with sequence parallelism (megatron-core requires it for MoE with TP
 # in training), the dense ones without: both of the adapters' TP patterns
-FAMILIES = {"qwen3": ({}, DENSE), "qwen2": ({}, DENSE), "llama": ({}, DENSE), "qwen3_moe": ({}, ATTENTION),
-            "mixtral": ({}, ATTENTION),
+FAMILIES = {"qwen3": ({}, DENSE), "qwen2": ({}, DENSE), "llama": ({}, DENSE), "qwen3_moe": ({}, DENSE),
+            "mixtral": ({}, DENSE),
             "deepseek_v3": (dict(num_layers=3, num_kv_heads=4), ["linear_q_down_proj", "linear_q_up_proj", *MLA]),
             "moonlight": (dict(num_layers=3, num_kv_heads=4), ["linear_q_proj", *MLA])}
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "ep2": (2, 1, 2)}   # name: (processes, tp, ep)
@@ -70,7 +70,7 @@ RANK_SCRIPT = textwrap.dedent("""
         tp_rank = mpu.get_tensor_model_parallel_rank()
         with torch.no_grad():   # B random too; the TP-split factor per rank, the replicated one equal on all ranks
             for name, adapter in adapted_weights(actor.model).items():
-                split = isinstance(adapter, ColumnLoRA)
+                split = isinstance(adapter, ColumnLoRA) and adapter.tp_size > 1   # an expert's: whole (expert TP 1)
                 g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + (tp_rank if split else 0))
                 adapter.B.copy_(torch.randn(adapter.B.shape, generator=g) * 0.2)
         save_model(actor, os.path.join(out, family, "before"))
@@ -155,6 +155,7 @@ def lora_config(family: str):
 def assert_equivalent(root, out, ours, registry, batch, family: str) -> tuple[float, float]:
     """The checks of the module docstring for one family's run; returns (max logit diff, max gradient diff)."""
     from rlcore.export import SavedModel, checkpoint_hf_weights, checkpoint_peft_adapter, write_peft_adapter
+    from rlcore.lora_peft import peft_adapter, routed_expert
     from rlcore.hf_checkpoint import HFCheckpoint
     from rlcore.megatron.model import read_hf_config
     from rlcore.megatron.parallel import init_parallel
@@ -173,33 +174,39 @@ def assert_equivalent(root, out, ours, registry, batch, family: str) -> tuple[fl
     assert moved > 0.1, f"{family}: the adapters barely change the logits ({moved})"
     assert logit_diff < LOGIT_TOLERANCE, f"{family}: actor logits differ from PEFT's by {logit_diff}"
 
-    before = {name: factors for name, _, factors in SavedModel(str(out / family / "before"), spec, hf, "float32",
-                                                                 lora).peft_adapters()}
+    def adapter(step: str):
+        """The checkpoint's adapter in PEFT's layout (as the export writes it; experts stacked, so their update
+        inverts elementwise like the rest), and PEFT's key -> the keys whose lora_A is the same rlcore A."""
+        weights = list(SavedModel(str(out / family / step), spec, hf, "float32", lora).peft_adapters())
+        state = peft_adapter(((name, factors) for name, _, factors in weights), [])[0]
+        siblings = {f"base_model.model.{m}.lora_A.weight": [f"base_model.model.{o}.lora_A.weight" for o, _, _ in f]
+                    for name, column, f in weights if column and routed_expert(name) is None for m, _, _ in f}
+        return state, siblings
+
+    (before, _), (after, siblings) = adapter("before"), adapter("after")
+    assert sorted(after) == sorted(grads), sorted(set(after) ^ set(grads))
     grad_diff = 0.0
-    for name, column, factors in SavedModel(str(out / family / "after"), spec, hf, "float32", lora).peft_adapters():
-        for (module, a1, b1), (_, a0, b0) in zip(factors, before[name]):
-            for factor, update in (("A", a1 - a0), ("B", b1 - b0)):
-                ours_g = -update * EPS / (LR - update.abs())
-                key = f"base_model.model.{module}.lora_{factor}.weight"
-                # a column adapter's A is every projection's lora_A: its gradient is the sum of theirs
-                shared = factor == "A" and column
-                theirs = sum(grads[f"base_model.model.{m}.lora_A.weight"] for m, _, _ in factors) if shared \
-                    else grads[key]
-                diff = (ours_g - theirs).abs().max().item()
-                grad_diff = max(grad_diff, diff)
-                assert theirs.abs().max() > 0, key
-                assert diff <= 1e-5 + 1e-4 * theirs.abs().max().item(), (key, diff)
+    for key, value in after.items():
+        update = value - before[key]
+        ours_g = -update * EPS / (LR - update.abs())
+        # a fused column adapter's A is each of its projections' lora_A: its gradient is the sum of theirs
+        theirs = sum(grads[k] for k in siblings[key]) if key in siblings else grads[key]
+        diff = (ours_g - theirs).abs().max().item()
+        grad_diff = max(grad_diff, diff)
+        assert theirs.abs().max() > 0, key
+        assert diff <= 1e-5 + 1e-4 * theirs.abs().max().item(), (key, diff)
 
     _, stream = checkpoint_hf_weights(str(out / family / "before"), spec, hf, "float32", lora=lora,
                                       base=HFCheckpoint(path))
-    # transformers 5 holds MoE experts fused in memory (not adapted here): the other tensors by name
+    # transformers 5 holds MoE experts fused in memory: the other tensors by name
     merged = peft_model.merge_and_unload().state_dict()
     compared = set()
     for name, tensor in stream:
         if name in merged:
             torch.testing.assert_close(tensor, merged[name], rtol=1e-5, atol=1e-6, msg=name)
             compared.add(name.removesuffix(".weight"))
-    adapted = {k.removeprefix("base_model.model.").split(".lora_")[0] for k in grads}
+    # (the stream writes the experts per expert, as the checkpoint holds them: their merge is the engine check's)
+    adapted = {k.removeprefix("base_model.model.").split(".lora_")[0] for k in grads if ".experts." not in k}
     assert adapted <= compared, adapted - compared
     return logit_diff, grad_diff
 
