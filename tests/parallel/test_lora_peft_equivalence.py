@@ -25,8 +25,9 @@ DENSE = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 MLA = ["linear_kv_down_proj", "linear_kv_up_proj", "linear_proj"]   # PEFT's kv_a_proj_with_mqa, kv_b_proj, o_proj
 # family -> (its tiny checkpoint's sizes, LoRA targets): the MoE families' attention and routed experts (PEFT's
 # parameter LoRA on transformers' fused experts, a layer's experts stacked); DeepSeek-V3's and Moonlight's
-# multi-latent attention with query compression (q_a_proj, q_b_proj) and without (q_proj). At TP2 the MoE families run with sequence parallelism (megatron-core requires it for MoE with TP
-# in training), the dense ones without: both of the adapters' TP patterns
+# multi-latent attention with query compression (q_a_proj, q_b_proj) and without (q_proj). At TP2 the MoE families
+# run with sequence parallelism (megatron-core requires it for MoE with TP in training), the dense ones without: both
+# of the adapters' TP patterns
 FAMILIES = {"qwen3": ({}, DENSE), "qwen2": ({}, DENSE), "llama": ({}, DENSE), "qwen3_moe": ({}, DENSE),
             "mixtral": ({}, DENSE),
             "deepseek_v3": (dict(num_layers=3, num_kv_heads=4), ["linear_q_down_proj", "linear_q_up_proj", *MLA]),
