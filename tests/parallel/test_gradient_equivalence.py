@@ -26,19 +26,19 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.critic import MegatronCritic
-    from rlcore.megatron.model import read_hf_weights
+    from rlcore.megatron.model import read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import shutdown_parallel
-    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
     out, path, role, tp, pp, cp, mbs, sp, tokens, chunk, packed = (sys.argv[1], sys.argv[2], sys.argv[3],
                                                                  *map(int, sys.argv[4:12]))
-    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
+    hf = read_hf_config(path)
+    spec = QWEN3_MOE if hf["model_type"] == "qwen3_moe" else QWEN3
     sgd_like = OptimConfig(lr=1000.0, adam_beta1=0.0, adam_eps=1000.0, clip_grad=0.0)
     cfg = ActorConfig(micro_batch_size=mbs, optim=sgd_like, parallel=ParallelConfig(tp=tp, pp=pp, cp=cp, sp=bool(sp)),
                       entropy_coef=0.1, max_tokens_per_micro_batch=tokens, logprob_chunk_tokens=chunk,
                       pack_sequences=bool(packed))
-    model = (MegatronActor if role == "actor" else MegatronCritic)(QWEN3, hf, cfg, SPECS[0],
+    model = (MegatronActor if role == "actor" else MegatronCritic)(spec, hf, cfg, SPECS[0],
                                                                   hf_state=read_hf_weights(path))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
@@ -100,16 +100,50 @@ def reference(tmp_path_factory, tiny_qwen3):
     return tmp, tiny_qwen3, one_step(tmp, "reference", tiny_qwen3, 1, 1, 1, 1, 8, 0, 0, 0, 0)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_one_step_equals_one_process(reference, layout):
-    tmp, checkpoint, expected = reference
-    got = one_step(tmp, layout, checkpoint, *LAYOUTS[layout])
+def assert_same_step(got: dict, expected: dict, checkpoint) -> None:
+    """Every weight after the step equals the one-process step's, within a part of how far that step moved it."""
     start = read_hf_weights(str(checkpoint))
     assert sorted(got) == sorted(expected)
     for name in expected:
         moved = (expected[name] - start[name]).abs().max().item()
         assert (got[name] - expected[name]).abs().max().item() <= 1e-5 + 1e-4 * moved, name
     assert max((expected[n] - start[n]).abs().max().item() for n in expected) > 1e-3, "the step changed weights"
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_one_step_equals_one_process(reference, layout):
+    tmp, checkpoint, expected = reference
+    assert_same_step(one_step(tmp, layout, checkpoint, *LAYOUTS[layout]), expected, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory):
+    """A tiny Qwen3-MoE checkpoint (4 experts, 2 a token; routers spread so that tokens pick different experts)
+    and one step on the whole batch in one process."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+
+    tmp = tmp_path_factory.mktemp("grad_moe")
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**QWEN3_MOE.tiny_hf_config(
+        vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=64,
+        max_position_embeddings=32))).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(tmp / "ckpt")
+    return tmp, tmp / "ckpt", one_step(tmp, "reference", tmp / "ckpt", 1, 1, 1, 1, 8, 0, 0, 0, 0)
+
+
+# TP2 with sequence parallelism at EP1 (expert TP 1): each TP rank runs the experts on its own part of the tokens, so
+# the experts' gradients are summed over the TP ranks (as expert data parallelism), not only over DP
+@pytest.mark.parametrize("layout", ["tp2-sp"])
+def test_moe_one_step_equals_one_process(moe_reference, layout):
+    tmp, checkpoint, expected = moe_reference
+    assert_same_step(one_step(tmp, layout, checkpoint, *LAYOUTS[layout]), expected, checkpoint)
 
 
 @pytest.fixture(scope="module")

@@ -103,15 +103,24 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
     with torch.device("meta") if structure_only else nullcontext():
         model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
                          post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
-    for module in model.modules():   # expert layers know they are; their parameters say so only when EP > 1
-        if getattr(module, "is_expert", False):
-            for param in module.parameters(recurse=False):
-                param.rlcore_expert = True
+    mark_expert_parameters(model)
     layout = Layout(num_heads=config.num_attention_heads, num_query_groups=config.num_query_groups,
                     head_dim=config.kv_channels, vocab_size=hf_config["vocab_size"])
     converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout,
                                 num_experts=config.num_moe_experts or 0)
     return model, converter
+
+
+def mark_expert_parameters(model: GPTModel) -> None:
+    """Mark every routed expert's parameters ``allreduce=False`` at every layout, as megatron-core does only when
+    EP > 1: Megatron DDP and the optimizer then reduce their gradients over the expert-data-parallel group, which
+    holds the TP ranks (expert TP is 1). Under sequence parallelism each TP rank runs the experts on its own part of
+    the tokens, so its expert gradient is a partial sum; left dense (reduced over data parallelism only), each TP
+    rank would update its copy of the experts with its own part alone."""
+    for module in model.modules():
+        if getattr(module, "is_expert", False):
+            for param in module.parameters(recurse=False):
+                param.allreduce = False
 
 
 def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[str, torch.Tensor]) -> None:

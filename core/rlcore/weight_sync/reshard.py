@@ -123,9 +123,9 @@ def adapted_weights(model: GPTModel) -> dict[str, LoRAAdapter]:
 
 
 def is_expert(param: torch.Tensor) -> bool:
-    """A parameter of a MoE expert: whole on its rank, never split over TP (expert TP is 1). Megatron marks them
-    with allreduce=False only under expert parallelism; ``build_gpt`` tags them at every layout (``rlcore_expert``)."""
-    return getattr(param, "rlcore_expert", False) or getattr(param, "allreduce", True) is False
+    """A parameter of a MoE expert: whole on its rank, never split over TP (expert TP is 1). ``build_gpt`` marks
+    them allreduce=False at every layout (``mark_expert_parameters``), as the expert LoRA adapters are."""
+    return getattr(param, "allreduce", True) is False
 
 
 @dataclass(frozen=True)
