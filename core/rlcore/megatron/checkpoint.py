@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlcore.megatron.optimizer_state import fill_main_params, optimizer_sharded_state, without_absent_main_params
+from rlcore.megatron.optimizer_state import (chained_from_one, fill_main_params, optimizer_sharded_state,
+                                            saved_by_one_optimizer, without_absent_main_params)
 
 # The distributed optimizer's state is saved per model parameter, in megatron-core's "fully_reshardable" layout, so
 # that a resume may change TP/PP/DP: built by rlcore.megatron.optimizer_state on save, read by megatron-core on load
@@ -55,15 +56,17 @@ def _load_into(model, loaded: dict) -> None:
                            f"{unexpected[:4]}")
 
 
-def _sharded_state(trainable, loading: bool, with_optimizer: bool = True) -> dict:
+def _sharded_state(trainable, loading: bool, with_optimizer: bool = True, chained_prefix: bool = True) -> dict:
+    """``chained_prefix`` False: a chained optimizer's entries requested under one optimizer's keys (a checkpoint
+    saved with one optimizer, ``saved_by_one_optimizer``)."""
     metadata = _metadata()
     model = model_entries(trainable.model, metadata)
     if not with_optimizer:
         return {"model": model}
     if not loading:
         return {"model": model, "optimizer": optimizer_sharded_state(trainable.optimizer, model)}
-    return {"model": model, "optimizer": trainable.optimizer.sharded_state_dict(model, is_loading=True,
-                                                                                metadata=metadata)}
+    return {"model": model, "optimizer": trainable.optimizer.sharded_state_dict(
+        model, is_loading=True, metadata={**metadata, "chained_optim_avoid_prefix": not chained_prefix})}
 
 
 def optimizer_has_state(trainable) -> bool:
@@ -129,16 +132,19 @@ def load_model(trainable, directory: str, with_optimizer: bool = True) -> None:
     if not with_optimizer:
         load_weights(trainable.model, directory)
         return
-    request = _sharded_state(trainable, True)
+    saved_keys = dist_checkpointing.load_tensors_metadata(directory).keys()
+    by_one = saved_by_one_optimizer(trainable.optimizer, saved_keys)
+    request = _sharded_state(trainable, True, chained_prefix=not by_one)
     model_request = dict(request["model"])       # the load replaces the request's entries with tensors
-    taken = without_absent_main_params(request["optimizer"], dist_checkpointing.load_tensors_metadata(directory).keys())
+    taken = without_absent_main_params(request["optimizer"], saved_keys)
     loaded = dist_checkpointing.load(request, directory, sharded_strategy=get_default_load_sharded_strategy(directory),
                                      validate_access_integrity=True)
     _load_into(trainable.model, loaded["model"])
     fill_main_params(taken, model_request, loaded["model"])
+    state = chained_from_one(trainable.optimizer, loaded["optimizer"]) if by_one else loaded["optimizer"]
     # fp32 main params are views of the model's leaf parameters: copying into them must not be recorded
     with torch.no_grad():
-        trainable.optimizer.load_state_dict(loaded["optimizer"])
+        trainable.optimizer.load_state_dict(state)
 
 
 def _encode(tensor: torch.Tensor) -> str:

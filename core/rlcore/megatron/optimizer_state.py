@@ -44,6 +44,28 @@ def optimizer_sharded_state(optimizer, model_sharded: dict) -> dict:
     return out
 
 
+def saved_by_one_optimizer(optimizer, saved_keys) -> bool:
+    """Whether a checkpoint (``saved_keys``: its tensor keys) holds one optimizer's state where ``optimizer`` chains
+    several (keys then have no ``chained_<i>.`` prefix): a MoE model's from before its experts had their own optimizer
+    at every layout (``rlcore.megatron.model.mark_expert_parameters``; until then only under EP > 1)."""
+    return (len(getattr(optimizer, "chained_optimizers", [])) > 1
+            and not any(key.startswith("chained_") for key in saved_keys))
+
+
+def chained_from_one(optimizer, loaded: dict) -> dict:
+    """One optimizer's loaded state (its param groups and settings) with each chained optimizer's per-parameter state
+    (loaded under ``loaded[index]``, the request made without the chained prefix) -> the chained optimizer's
+    ``load_state_dict`` input. The one optimizer's param groups were all dense: an expert optimizer's are the same
+    groups (learning rate, weight decay, step) flagged expert-parallel, as megatron-core matches them by that flag."""
+    shared = {key: value for key, value in loaded.items() if not isinstance(key, int)}
+    out = {}
+    for index, inner in enumerate(optimizer.chained_optimizers):
+        expert = any(group.get("is_expert_parallel", False) for group in inner.optimizer.param_groups)
+        groups = [{**group, "is_expert_parallel": expert} for group in shared["optimizer"]["param_groups"]]
+        out[index] = {**shared, **loaded[index], "optimizer": {**shared["optimizer"], "param_groups": groups}}
+    return out
+
+
 def _one_optimizer(dist_opt, by_param: dict) -> dict:
     state = dist_opt.state_dict()   # param groups, step, grad scaler: everything but the per-parameter tensors
     state["param_state"] = _param_state(dist_opt, by_param)
