@@ -7,6 +7,7 @@ saved ones, bit for bit."""
 import textwrap
 
 import pytest
+import torch
 from ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
@@ -103,3 +104,59 @@ def test_optimizer_state_round_trips_as_megatron_cores_own_save(tmp_path, family
     assert result["megatron_main_copies"].item() > 0
     # fp32 weights are their own main copies, not stored twice; bf16 ones have fp32 copies, stored
     assert (result["main_copies"].item() > 0) == (family == "dense-bf16")
+
+
+ONE_OPTIMIZER_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    torch.set_num_threads(1)
+    from safetensors.torch import save_file
+    import rlcore.megatron.model as megatron_model
+    from rlcore.config.schema import ActorConfig, OptimConfig
+    from rlcore.data import Batch, build_sequences
+    from rlcore.losses import aggregate
+    from rlcore.megatron.actor import MegatronActor
+    from rlcore.megatron.checkpoint import load_model, save_model
+    from rlcore.megatron.parallel import shutdown_parallel
+    from rlcore_model_qwen3.plugin import QWEN3_MOE
+    from rlcore_plugins.optimizers import SPECS
+    out, directory = sys.argv[1:3]
+    hf = QWEN3_MOE.tiny_hf_config(vocab_size=48, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  head_dim=16, ffn_hidden_size=96, max_position_embeddings=32)
+    cfg = ActorConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-2))
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(build_sequences([torch.randint(1, 48, (4,), generator=g).tolist() for _ in range(2)],
+                                  [torch.randint(1, 48, (3,), generator=g).tolist() for _ in range(2)], pad_id=0))
+
+    def update(actor):
+        actor.train_step(batch, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", 6.0, 2), {}))
+
+    mark = megatron_model.mark_expert_parameters
+    megatron_model.mark_expert_parameters = lambda model: None     # the experts left dense: one optimizer
+    old = MegatronActor(QWEN3_MOE, hf, cfg, SPECS[0])
+    assert not hasattr(old.optimizer, "chained_optimizers") or len(old.optimizer.chained_optimizers) == 1
+    for _ in range(2):
+        update(old)
+    save_model(old, directory)
+    update(old)
+    expected = {n: p.detach().clone() for n, p in old.model.named_parameters()}
+    del old
+    shutdown_parallel()
+    megatron_model.mark_expert_parameters = mark
+    new = MegatronActor(QWEN3_MOE, hf, cfg, SPECS[0], seed=1)
+    assert len(new.optimizer.chained_optimizers) == 2
+    load_model(new, directory)
+    update(new)
+    save_file({f"expected/{n}": t for n, t in expected.items()}
+              | {f"got/{n}": p.detach().clone() for n, p in new.model.named_parameters()}, out)
+    shutdown_parallel()
+""")
+
+
+def test_moe_checkpoint_of_one_optimizer_resumes_into_the_chained_one(tmp_path):
+    """A MoE checkpoint saved when the experts shared the dense optimizer (EP1 before their allreduce=False flag)
+    resumes: the update after the load equals the one the saving process made next, bit for bit."""
+    result = run_ranks(ONE_OPTIMIZER_SCRIPT, tmp_path, 1, tmp_path / "result.safetensors", tmp_path / "ckpt")
+    names = [n[len("expected/"):] for n in result if n.startswith("expected/")]
+    assert any("experts" in n for n in names)
+    for name in names:
+        assert torch.equal(result[f"got/{name}"], result[f"expected/{name}"]), name
