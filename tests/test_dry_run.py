@@ -47,6 +47,7 @@ def test_published_presets_fit(registry, preset):
     (["actor.parallel.last_stage_layers=2"], "leaves 59 of 61 layers for 11 stages"),
     (["actor.parallel.ep=3", "trainer.world_size=288"], "experts = 256 is not divisible by actor.parallel.ep = 3"),
     (["actor.parallel.tp=6", "trainer.world_size=576"], "attention heads = 128 is not divisible by actor.parallel.tp"),
+    (["actor.parallel.sp=false"], "a MoE model at actor.parallel.tp = 8 needs actor.parallel.sp=true"),
 ])
 def test_layouts_that_do_not_fit_are_refused(registry, overrides, expected):
     problems, _ = check(registry, "deepseek-v3-671b-96gpu", *overrides)

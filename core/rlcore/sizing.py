@@ -72,6 +72,9 @@ def divisibility_problems(config, cfg: Config) -> list[str]:
         splits.append(("experts", config.num_moe_experts, "ep", p.ep))
     problems += [f"{what} = {n} is not divisible by actor.parallel.{key} = {size}" for what, n, key, size in splits
                  if n % size]
+    if config.num_moe_experts and p.tp > 1 and not p.sp:    # megatron-core refuses it at the first update
+        problems.append(f"a MoE model at actor.parallel.tp = {p.tp} needs actor.parallel.sp=true (megatron-core "
+                        "trains MoE layers with tensor parallelism only with sequence parallelism)")
     for key in dict.fromkeys(key for _, n, key, size in splits if n % size):      # what to choose instead
         common = math.gcd(*(n for _, n, k, _ in splits if k == key))
         problems.append(f"actor.parallel.{key} values that divide every size it splits: "
