@@ -52,7 +52,15 @@ def reading_tokens(model, temperature: float = 1.0, chunk_tokens: int = 0) -> It
         if not chunk_tokens or tokens <= chunk_tokens:    # one chunk: the layer's own logits
             head.weight = None
             logits, bias = original(hidden, weight=weight, runtime_gather_output=runtime_gather_output)
-            logits = _ContiguousGrad.apply(logits)
+            if logits.requires_grad:
+                # the gradient made contiguous before the output layer's backward: it arrives as a view behind
+                # GPTModel's [s, b] -> [b, s] transpose, and the layer multiplies it by its 2-D weight with
+                # torch.matmul, which folds a non-contiguous 3-D operand into one matrix product only when the weight
+                # requires grad: for a frozen weight (LoRA's base; megatron-core's LinearWithFrozenWeight) it
+                # broadcast the weight to [s, vocab/tp, hidden] (8.1 GB for 32 positions of Qwen2.5-0.5B). A trained
+                # weight's path copies the gradient the same way already. A tensor hook, not an autograd Function:
+                # the logits' views are modified in place downstream, which a Function's output may not be
+                logits.register_hook(torch.Tensor.contiguous)
             return (logits / temperature if temperature != 1.0 else logits), bias
         head.weight = layer.weight if weight is None else weight
         if layer.sequence_parallel:       # backward: reduce-scatter, as the layer's own
@@ -67,23 +75,6 @@ def reading_tokens(model, temperature: float = 1.0, chunk_tokens: int = 0) -> It
         yield head
     finally:
         del layer.forward
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity forward; the gradient made contiguous in backward, before the output layer's. It arrives as a view
-    behind GPTModel's [s, b] -> [b, s] transpose, and the layer multiplies it by its 2-D weight with torch.matmul,
-    which folds a non-contiguous 3-D operand into one matrix product only when the weight requires grad: for a frozen
-    weight (LoRA's base; megatron-core's LinearWithFrozenWeight) it broadcasts the weight to [s, vocab/tp, hidden]
-    and copies that (8.1 GB for 32 positions of Qwen2.5-0.5B). A trained weight's path copies the gradient the same
-    way already, so its results are unchanged."""
-
-    @staticmethod
-    def forward(ctx, logits):
-        return logits.view_as(logits)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
 
 
 class _SumGradOverTP(torch.autograd.Function):
