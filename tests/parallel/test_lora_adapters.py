@@ -179,7 +179,7 @@ def test_adapted_linears_equal_full_matrix_lora(tmp_path, layout):
 
 
 GPT_SCRIPT = textwrap.dedent("""
-    import importlib, sys, zlib, torch, torch.distributed as dist
+    import importlib, sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
@@ -191,6 +191,7 @@ GPT_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
     from rlcore.weight_sync.reshard import global_name
+    from rlcore.testing.lora import set_random_adapters
 
     out, path, tp, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4]))
     plugin, spec_name, targets = sys.argv[5], sys.argv[6], tuple(sys.argv[7].split(","))
@@ -225,25 +226,7 @@ GPT_SCRIPT = textwrap.dedent("""
 
     # per-projection adapters as PEFT holds them (q/k/v or gate/up share A), put into the fused layout by the
     # model's own weight rules: B's rows split like W's rows, a row-parallel A's columns like W's columns
-    merged = dict(hf)
-    for name, module in model.named_modules():
-        adapter = getattr(module, "lora", None)
-        if not isinstance(adapter, LoRAAdapter):
-            continue
-        rule = converter.rule(global_name(model, f"{name}.weight"))
-        g = torch.Generator().manual_seed(zlib.crc32(rule.megatron.encode()))
-        names = rule.hf_names()
-        A = torch.randn(cfg.rank, hf[names[0]].shape[1], generator=g) * 0.1
-        B = {n: torch.randn(hf[n].shape[0], cfg.rank, generator=g) * 0.1 for n in names}
-        with torch.no_grad():
-            if isinstance(adapter, ColumnLoRA):
-                adapter.A.copy_(A)
-                adapter.B.copy_(rule.from_hf(B, converter.layout, rank, tp, adapter.B.shape))
-            else:
-                adapter.A.copy_(rule.from_hf({names[0]: A}, converter.layout, rank, tp, adapter.A.shape))
-                adapter.B.copy_(B[names[0]])
-        for n in names:
-            merged[n] = hf[n] + B[n] @ A * cfg.scale
+    merged = set_random_adapters(model, converter, hf, cfg, std=0.1)
     adapted = logits(model)
     with adapters_enabled(model, False):
         off = logits(model)

@@ -25,7 +25,7 @@ MOE = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_head
            max_position_embeddings=32, num_experts=4, experts_per_token=2)
 
 SCRIPT = textwrap.dedent("""
-    import importlib, json, sys, zlib, torch, torch.distributed as dist
+    import importlib, json, sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
     from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
@@ -40,6 +40,7 @@ SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.sizing import _moe_layers, adapter_params
     from rlcore.weight_sync.reshard import global_name
+    from rlcore.testing.lora import set_random_adapters
     out, path, tp, ep, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5]))
     save_to, resume_from = sys.argv[6], sys.argv[7]   # a checkpoint of the adapters to write / to load ("-": none)
     SPEC = getattr(importlib.import_module(sys.argv[8]), sys.argv[9])
@@ -79,26 +80,7 @@ SCRIPT = textwrap.dedent("""
     assert not any("router" in n for n, p in model.named_parameters() if p.requires_grad)
     untouched = logits(model)
 
-    merged = dict(hf)
-    for name, module in model.named_modules():
-        adapter = getattr(module, "lora", None)
-        if not isinstance(adapter, LoRAAdapter):
-            continue
-        rule = converter.rule(global_name(model, f"{name}.weight"))
-        g_ = torch.Generator().manual_seed(zlib.crc32(rule.megatron.encode()))   # the expert's model-wide name
-        names = rule.hf_names()
-        A = torch.randn(cfg.rank, hf[names[0]].shape[1], generator=g_) * 0.2
-        B = {n: torch.randn(hf[n].shape[0], cfg.rank, generator=g_) * 0.2 for n in names}
-        size, rank = dist.get_world_size(adapter.tp_group), dist.get_rank(adapter.tp_group)
-        with torch.no_grad():
-            if isinstance(adapter, ColumnLoRA):
-                adapter.A.copy_(A)
-                adapter.B.copy_(rule.from_hf(B, converter.layout, rank, size, adapter.B.shape))
-            else:
-                adapter.A.copy_(rule.from_hf({names[0]: A}, converter.layout, rank, size, adapter.A.shape))
-                adapter.B.copy_(B[names[0]])
-        for n in names:
-            merged[n] = hf[n] + B[n] @ A * cfg.scale
+    merged = set_random_adapters(model, converter, hf, cfg, std=0.2)
     adapted = logits(model)
     resumed = {}
     if save_to != "-":
