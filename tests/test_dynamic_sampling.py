@@ -2,7 +2,7 @@
 are sampled in their place, and every dropped group is counted."""
 import pytest
 
-from rlcore.loop import Timer
+from rlcore.timing import Timer
 from rlcore.rollout.groups import GroupFilter
 from rlcore.trajectory import Trajectory, to_batch
 

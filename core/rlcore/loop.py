@@ -6,33 +6,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rlcore import checkpoint
 from rlcore.evaluation import evaluate
 from rlcore.multiturn.metrics import agent_metrics
 from rlcore.rewards import Scores
+from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory, to_batch
 
 if TYPE_CHECKING:
     from rlcore.data import Batch
     from rlcore.run import Run
-
-
-class Timer:
-    """Seconds per phase of a step (``time/<phase>`` in its metrics)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 def step(run: "Run", number: int) -> dict[str, float]:

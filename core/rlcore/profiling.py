@@ -16,14 +16,11 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import torch
 
-from rlcore.loop import Timer
-
-if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
+from rlcore.timing import Timer
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +102,18 @@ def _top_memory_ops(profiler, field: str, count: int = 10) -> list[dict]:
     return [{"op": key, "bytes": int(size), "calls": calls} for key, size, calls in rows]
 
 
+class Workers(Protocol):
+    """A phase's workers as the driver calls them: a ``rlcore.workers.group.WorkerGroup``, typed here rather than
+    imported, since the workers import this module for their side."""
+
+    def call(self, method: str, *args, phase: str | None = None) -> list: ...
+
+
 class ProfilingTimer(Timer):
     """The step timer of a profiled step: times phases as ``Timer`` does and profiles the workers' ones (profiling
     included in their seconds)."""
 
-    def __init__(self, directory: str, actor: "WorkerGroup", critic: "WorkerGroup | None"):
+    def __init__(self, directory: str, actor: Workers, critic: Workers | None):
         super().__init__()
         self.directory = directory
         self.groups = {**{p: actor for p in ACTOR_PHASES}, **({p: critic for p in CRITIC_PHASES} if critic else {})}

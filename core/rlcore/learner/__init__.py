@@ -5,8 +5,7 @@ does when it pushes weights to the rollout engine (which reports it with each co
 equals it was sampled by the weights about to be updated."""
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,11 +13,10 @@ from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.errors import RlcoreError
 from rlcore.specs import Algorithm
+from rlcore.timing import Timer
 
 if TYPE_CHECKING:
     from rlcore.workers.group import WorkerGroup
-
-Timer = Callable[[str], AbstractContextManager]
 
 
 class Learner:
