@@ -1,7 +1,9 @@
-"""Reference runs: what a refactor must reproduce step for step.
+"""Reference runs: what a refactor must reproduce step for step, and the artifacts it must leave unchanged.
 
     python scripts/reference_runs.py record OUT [--only NAME ...]    # run them in OUT/<name>/, keep OUT/<name>.jsonl
     python scripts/reference_runs.py compare REF NEW [--only ...]     # every logged metric but timings, per step
+    python scripts/reference_runs.py record-artifacts OUT             # CLI outputs and exported tensors -> OUT/artifacts/
+    python scripts/reference_runs.py compare-artifacts REF NEW
 
 Each run is `rlcore run` as a user starts it, with every random choice fixed by its seed; on one CPU machine a run is
 bit-exact, so `compare` asks for equality (NaN equals NaN) and reports the first step and metric that differ. The
@@ -17,6 +19,7 @@ import sys
 import time
 
 QUICKSTART = ["quickstart"]
+ALL_INSTALLED = ""       # no --plugins: every installed plugin loads (a run whose plugins moved between distributions)
 RUNS: dict[str, tuple[str, list[str]]] = {
     # name: (plugins, preset and overrides)
     "quickstart": ("qwen3,grpo,vllm", QUICKSTART),
@@ -32,8 +35,25 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "gsm8k_dataset": ("qwen3,grpo,vllm", []),     # built by gsm8k_run(): its data and checkpoint are written first
     "sglang_quickstart": ("qwen3,grpo,sglang", QUICKSTART + [
         "rollout.backend=sglang", "trainer.steps=30", "trainer.eval_every=15"]),
+    # async with staleness 0 samples and trains what the colocated run does (rlcore.rollout.queued's promise)
+    "async_s0": ("qwen3,grpo,vllm", QUICKSTART + [
+        "trainer.mode=async", "rollout.max_staleness=0", "trainer.steps=30", "trainer.eval_every=15"]),
+    "tool_agent": (ALL_INSTALLED, ["tool-calculator", "trainer.steps=20", "trainer.eval_every=10"]),
+    # LoRA, adapters-only sync into vLLM, engine check every 5 steps; exported (hf/ and adapter/: the artifacts)
+    "lora_adapters": ("qwen3,grpo,vllm", QUICKSTART + [
+        "actor.lora.rank=8", "actor.lora.alpha=16", "actor.optim.lr=0.001", "rollout.lora=adapters",
+        "trainer.steps=30", "trainer.eval_every=15", "trainer.check_logprobs_every=5", "trainer.export_hf=true"]),
+    # the quickstart started with verl's keys (`rlcore run --verl`)
+    "verl_cli": (ALL_INSTALLED, ["--verl", "quickstart", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8",
+                                 "actor_rollout_ref.actor.optim.lr=1e-4", "trainer.total_training_steps=20",
+                                 "trainer.test_freq=10"]),
+    # saved every 4 steps, killed (SIGKILL) once step 8's checkpoint is complete, resumed to 12 (resumed_run())
+    "resume": ("qwen3,grpo,vllm", QUICKSTART + ["trainer.steps=12", "trainer.eval_every=4", "trainer.save_every=4"]),
 }
 COMMON = ["run.progress=false", "trainer.export_hf=false"]
+# Metrics read off the clock: kept as keys (a refactor must log the same keys), their values not compared.
+WALL_CLOCK = ("agent/tool_seconds", "async/trainer_idle_frac", "async/rollout_idle_frac", "async/rollout_tokens_per_s",
+              "async/trainer_tokens_per_s", "sync/seconds", "sync/pause_seconds")
 
 
 def gsm8k_run(out: str) -> list[str]:
@@ -67,19 +87,61 @@ def gsm8k_run(out: str) -> list[str]:
             "trainer.check_logprobs_every=1", "actor.micro_batch_size=16", "actor.optim.lr_warmup_steps=2"]
 
 
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def command(name: str, out: str, args: list[str]) -> list[str]:
+    plugins = RUNS[name][0]
+    # COMMON first: a run's own overrides (export_hf) win
+    return [sys.executable, "-m", "rlcore.cli", "run", *([f"--plugins={plugins}"] if plugins else []), *args,
+            *COMMON[:1], *(COMMON[1:] if "trainer.export_hf=true" not in args else []),
+            f"run.dir={os.path.join(out, name)}", f"warm_start.cache_dir={os.path.join(out, 'warm_start')}"]
+
+
+def run(name: str, cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    if result.returncode:
+        sys.exit(f"{name}: rlcore run failed ({result.returncode}):\n{result.stderr[-3000:]}")
+
+
+def resumed_run(name: str, out: str, cmd: list[str]) -> None:
+    """Start ``cmd``, SIGKILL its whole process group once the checkpoint after step 8 is complete (renamed from
+    .partial-*), then ``rlcore run --resume`` the run directory to its last step."""
+    import signal
+
+    run_dir = os.path.join(out, name)
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                               start_new_session=True)
+    try:
+        while saved_steps(run_dir) < 8:
+            if process.poll() is not None:
+                sys.exit(f"{name}: the run ended ({process.returncode}) before its step-8 checkpoint")
+            time.sleep(0.01)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    plugins = RUNS[name][0]
+    run(name, [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}", "--resume", run_dir])
+
+
+def saved_steps(run_dir: str) -> int:
+    """The newest complete checkpoint's step in ``run_dir`` (checkpoints/step_<N>; .partial-* ones are still being
+    written), 0 if none."""
+    folder = os.path.join(run_dir, "checkpoints")
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return max((int(n[len("step_"):]) for n in names if n.startswith("step_")), default=0)
+
+
 def record(out: str, names: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for name in names:
-        plugins, args = RUNS[name]
-        if name == "gsm8k_dataset":
-            args = gsm8k_run(out)
-        run_dir = os.path.join(out, name)
-        command = [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}", *args, *COMMON,
-                   f"run.dir={run_dir}", f"warm_start.cache_dir={os.path.join(out, 'warm_start')}"]
+        args = gsm8k_run(out) if name == "gsm8k_dataset" else RUNS[name][1]
         start = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, env=env)
-        if result.returncode:
-            sys.exit(f"{name}: rlcore run failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        if name == "resume":
+            resumed_run(name, out, command(name, out, args))
+        else:
+            run(name, command(name, out, args))
+        run_dir = os.path.join(out, name)
         rows = metrics(run_dir)
         with open(os.path.join(out, f"{name}.jsonl"), "w") as f:       # the record to keep: timings left out
             f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -90,8 +152,8 @@ def metrics(path: str) -> list[dict]:
     """A run's metrics per step (``path``: its run directory, or a kept record), timings left out (null = NaN)."""
     with open(os.path.join(path, "metrics.jsonl") if os.path.isdir(path) else path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [{k: float("nan") if v is None else v for k, v in row.items() if not k.startswith("time/")}
-            for row in rows]
+    return [{k: float("nan") if v is None or k.startswith(WALL_CLOCK) else v for k, v in row.items()
+             if not k.startswith("time/")} for row in rows]
 
 
 def same(a, b) -> bool:
@@ -121,6 +183,112 @@ def compare(reference: str, new: str, names: list[str]) -> int:
     return 1 if failed else 0
 
 
+# --- artifacts: what the CLI prints and what runs write, byte for byte ---------------------------------------------
+def cli(*args: str) -> str:
+    """``rlcore <args>``'s exit code and output (stdout, then stderr)."""
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", *args], capture_output=True, text=True, env=ENV)
+    return f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+
+
+def verl_scripts() -> list[str]:
+    """verl's published example scripts the tests translate (wherever the verl compatibility's tests keep them)."""
+    import glob
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return sorted(glob.glob(os.path.join(root, "tests", "data", "verl", "*.sh"))
+                  or glob.glob(os.path.join(root, "contrib", "*", "*", "tests", "data", "verl", "*.sh")))
+
+
+def tensor_digests(directory: str) -> dict[str, str]:
+    """sha256 of every tensor in ``directory``'s safetensors files, by name."""
+    import hashlib
+    import glob
+
+    from safetensors import safe_open
+
+    digests = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name).contiguous()
+                digests[name] = f"{tensor.dtype} {list(tensor.shape)} " + hashlib.sha256(
+                    tensor.view(-1).view(torch_uint8()).numpy().tobytes()).hexdigest()
+    return digests
+
+
+def torch_uint8():
+    import torch
+
+    return torch.uint8
+
+
+def without_paths(value, out: str):
+    """``value`` with the recording's directory written as <OUT> (two recordings live in different places)."""
+    if isinstance(value, dict):
+        return {k: without_paths(v, out) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_paths(v, out) for v in value]
+    return value.replace(out, "<OUT>") if isinstance(value, str) else value
+
+
+def record_artifacts(out: str) -> None:
+    """CLI outputs (plugins per kind, --help-config, --dry-run of every preset, verl translations) and, from the
+    recorded runs in ``out``, the exported tensors' digests and the resolved config (paths as <OUT>)."""
+    import glob
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found: dict[str, str] = {}
+    listing = json.loads(cli("plugins", "--json").split("\n", 1)[1])
+    kinds: dict[str, list[str]] = {}
+    for plugin in listing if isinstance(listing, list) else listing.get("plugins", []):
+        for kind, names in plugin.get("registers", {}).items():
+            kinds.setdefault(kind, []).extend(names)
+    found["plugins.json"] = json.dumps({k: sorted(v) for k, v in sorted(kinds.items())}, indent=1)
+    found["help-config.txt"] = cli("run", "--help-config")
+    for preset in sorted(glob.glob(os.path.join(root, "configs", "*.yaml"))):
+        name = os.path.basename(preset)[:-5]
+        found[f"dry-run/{name}.txt"] = cli("run", "--dry-run", name)
+    for script in verl_scripts():
+        found[f"verl-translate/{os.path.basename(script)}.txt"] = cli("verl", "translate", script).replace(
+            os.path.dirname(script), "<DIR>")
+    for name in RUNS:
+        run_dir = os.path.join(out, name)
+        for sub in ("hf", "adapter"):
+            if os.path.isdir(os.path.join(run_dir, sub)):
+                found[f"tensors/{name}-{sub}.json"] = json.dumps(tensor_digests(os.path.join(run_dir, sub)), indent=1)
+        if os.path.exists(os.path.join(run_dir, "run.json")):
+            with open(os.path.join(run_dir, "run.json")) as f:
+                config = json.load(f)["config"]
+            found[f"config/{name}.json"] = json.dumps(without_paths(config, out), indent=1, sort_keys=True)
+    for rel, text in found.items():
+        path = os.path.join(out, "artifacts", rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    print(f"artifacts: {len(found)} written to {os.path.join(out, 'artifacts')}")
+
+
+def compare_artifacts(reference: str, new: str) -> int:
+    import filecmp
+
+    def files(top: str) -> set[str]:
+        top = os.path.join(top, "artifacts")
+        return {os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top) for f in fs}
+
+    ref, now = files(reference), files(new)
+    differ = sorted(rel for rel in ref & now if not filecmp.cmp(os.path.join(reference, "artifacts", rel),
+                                                                  os.path.join(new, "artifacts", rel), shallow=False))
+    for rel in sorted(ref - now):
+        print(f"{rel}: missing now")
+    for rel in sorted(now - ref):
+        print(f"{rel}: new")
+    for rel in differ:
+        print(f"{rel}: differs")
+    bad = len(differ) + len(ref ^ now)
+    print(f"artifacts: {len(ref) - bad + len(now - ref)} of {len(ref | now)} identical")
+    return 1 if bad else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,9 +299,18 @@ def main() -> None:
     cmp.add_argument("new")
     for p in (rec, cmp):
         p.add_argument("--only", nargs="+", choices=list(RUNS), default=list(RUNS))
+    rec_art = sub.add_parser("record-artifacts")
+    rec_art.add_argument("out")
+    cmp_art = sub.add_parser("compare-artifacts")
+    cmp_art.add_argument("reference")
+    cmp_art.add_argument("new")
     args = parser.parse_args()
     if args.command == "record":
         record(args.out, args.only)
+    elif args.command == "record-artifacts":
+        record_artifacts(os.path.abspath(args.out))
+    elif args.command == "compare-artifacts":
+        sys.exit(compare_artifacts(args.reference, args.new))
     else:
         sys.exit(compare(args.reference, args.new, args.only))
 
