@@ -82,7 +82,7 @@ def _baseline_load(model, converter, path: str) -> None:
     from megatron.core import parallel_state as mpu
     from safetensors.torch import load_file
 
-    from rlcore.weight_sync.reshard import global_name, is_expert, named_weights
+    from rlcore.megatron.names import global_name, is_expert, named_weights
 
     state = {}
     for f in sorted(os.listdir(path)):
@@ -105,7 +105,7 @@ def rank_main(args) -> None:
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
-    from rlcore.weight_sync.reshard import Resharder
+    from rlcore.megatron.reshard import Resharder
     from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, write_sharded
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel

@@ -99,7 +99,7 @@ def rank_main(args) -> None:
 
     torch.set_num_threads(1)
     from rlcore.config import load_config
-    from rlcore.weight_sync.reshard import Resharder
+    from rlcore.megatron.reshard import Resharder
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel
     from rlcore.plugins import load_plugins

@@ -88,7 +88,7 @@ def test_fp8_checkpoint_loads_as_the_model_it_encodes(fp8, tmp_path, caplog):
     if family == "deepseek_v3":       # the MTP layer: present in the files, skipped with a log line
         assert any("skipped decoder layer(s) 3 beyond the model's 3" in m for m in messages), messages
 
-    from rlcore.weight_sync.reshard import Resharder
+    from rlcore.megatron.reshard import Resharder
     from rlcore.hf_checkpoint import TensorSpec, write_sharded
 
     resharder = Resharder(model, converter)

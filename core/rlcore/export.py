@@ -44,7 +44,8 @@ class SavedModel:
     def __init__(self, directory: str, spec: ModelSpec, hf_config: dict, dtype: str, lora: LoRAConfig | None = None):
         from rlcore.megatron.lora import ColumnLoRA, add_lora
         from rlcore.megatron.model import build_gpt
-        from rlcore.weight_sync.reshard import adapted_weights, named_weights
+        from rlcore.megatron.names import named_weights
+        from rlcore.megatron.reshard import adapted_weights
 
         self.directory = directory
         model, self.converter = build_gpt(spec, hf_config, dtype, structure_only=True)

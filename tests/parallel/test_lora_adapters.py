@@ -190,7 +190,7 @@ GPT_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
-    from rlcore.weight_sync.reshard import global_name
+    from rlcore.megatron.names import global_name
     from rlcore.testing.lora import set_random_adapters
 
     out, path, tp, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4]))

@@ -53,7 +53,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.model import read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore.plugins import load_plugins
-    from rlcore.weight_sync.reshard import adapted_weights
+    from rlcore.megatron.reshard import adapted_weights
     logits_file, root = sys.argv[1:3]
     (tp, ep, rank), (lr, eps, alpha), families = map(int, sys.argv[3:6]), map(float, sys.argv[6:9]), sys.argv[9:]
     out, all_logits = os.path.dirname(logits_file), {}

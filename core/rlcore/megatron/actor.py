@@ -16,12 +16,12 @@ import torch.distributed as dist
 
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
-from rlcore.weight_sync.reshard import Resharder
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.hf_to_megatron import ConvertedWeights
 from rlcore.config.loader import lora_config
 from rlcore.megatron.lora import LoRAConfig, adapters, adapters_enabled
 from rlcore.megatron.model import build_gpt, save_hf
+from rlcore.megatron.reshard import Resharder
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
 from rlcore.specs import ModelSpec, OptimizerSpec

@@ -36,7 +36,7 @@ def model_entries(model, metadata: dict) -> dict:
     the run started from (the controller records which and checks it on resume), so a LoRA checkpoint is
     adapter-sized and a resume reads the base from where the run reads it anyway."""
     from rlcore.megatron.lora import adapters
-    from rlcore.weight_sync.reshard import is_adapter_parameter
+    from rlcore.megatron.names import is_adapter_parameter
 
     entries = model.sharded_state_dict(metadata=metadata)
     if next(adapters(model), None) is None:
@@ -46,7 +46,7 @@ def model_entries(model, metadata: dict) -> dict:
 
 def _load_into(model, loaded: dict) -> None:
     """Put loaded entries into ``model``: all of them, or with LoRA all of the adapters' (nothing else was saved)."""
-    from rlcore.weight_sync.reshard import is_adapter_parameter
+    from rlcore.megatron.names import is_adapter_parameter
 
     missing, unexpected = model.load_state_dict(loaded, strict=False)
     adapter_only = all(is_adapter_parameter(name) for name in loaded)

@@ -285,7 +285,7 @@ def add_lora(model: torch.nn.Module, cfg: LoRAConfig) -> list[torch.nn.Parameter
     """Freeze every parameter of ``model`` (a GPTModel, this rank's part) and attach adapters to the linears named
     in ``cfg.target_modules``; returns the adapter parameters, the only trainable ones. A target this model lacks,
     or a linear that cannot be adapted yet, is refused before the model is changed."""
-    from rlcore.weight_sync.reshard import global_name
+    from rlcore.megatron.names import global_name
 
     targets = [(global_name(model, f"{name}.weight")[: -len(".weight")], module)
                for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in cfg.target_modules]

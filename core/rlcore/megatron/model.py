@@ -128,7 +128,7 @@ def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[
     ``HFCheckpoint``, only the tensors this rank's rules ask for are read, and none is kept once copied."""
     from megatron.core import parallel_state as mpu
 
-    from rlcore.weight_sync.reshard import global_name, is_expert, named_weights
+    from rlcore.megatron.names import global_name, is_expert, named_weights
 
     params = {global_name(model, n): p for n, p in named_weights(model, converter)}
     experts = {n: p for n, p in params.items() if is_expert(p)}     # whole experts: not split over TP

@@ -114,7 +114,7 @@ def assert_logits_match(model, hf_model, vocab_size: int, tolerance: float = LOG
 
 def assert_round_trip_exact(model, converter, path: str) -> None:
     """transformers 5 keeps MoE experts fused in memory but writes them per expert: compare with the file."""
-    from rlcore.weight_sync.reshard import Resharder
+    from rlcore.megatron.reshard import Resharder
     from rlcore.megatron.model import read_hf_weights
 
     on_disk = read_hf_weights(path)

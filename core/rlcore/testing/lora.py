@@ -15,7 +15,7 @@ def set_random_adapters(model, converter, hf: dict[str, torch.Tensor], cfg, std:
     checkpoint it was built from, ``cfg`` its LoRAConfig) with random A and B of standard deviation ``std``; returns
     ``hf`` with each adapted projection merged."""
     from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter
-    from rlcore.weight_sync.reshard import global_name
+    from rlcore.megatron.names import global_name
 
     merged = dict(hf)
     for name, module in model.named_modules():

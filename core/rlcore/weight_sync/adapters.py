@@ -3,7 +3,7 @@ only the LoRA adapters' factors after each update, in PEFT's names and layout (`
 
 The factors are r wide, so they are gathered whole on every rank, not bucketed through the resharder: each TP shard
 of each adapter (column-parallel: B split by W's rows; row-parallel: A split by W's columns; the other factor
-replicated) has one *writer*, the lowest global rank holding it, as in ``rlcore.weight_sync.reshard``. A sync is one
+replicated) has one *writer*, the lowest global rank holding it, as in ``rlcore.megatron.reshard``. A sync is one
 all-gather of every rank's written factors, flat and padded to the largest rank's share; then every rank maps each
 adapted weight's shards to its HF projections' ``lora_A`` / ``lora_B`` (``peft_factors``), so that every engine
 (one per rank, colocated) or global rank 0 (the push to async rollout workers) holds the whole adapter.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
 from rlcore.lora_peft import adapter_config, peft_adapter, peft_factors
-from rlcore.weight_sync.reshard import adapted_weights
+from rlcore.megatron.reshard import adapted_weights
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

@@ -264,7 +264,7 @@ class ActorWorker(Worker):
         ones (a missing grad all-reduce shows here)."""
         from megatron.core import parallel_state as mpu
 
-        from rlcore.weight_sync.reshard import is_expert
+        from rlcore.megatron.names import is_expert
 
         sums = {"experts": 0.0, "sharded": 0.0, "replicated": 0.0}
         for p in self.actor.model.parameters():

@@ -17,7 +17,6 @@ exchanged tensors (two with shared memory, whose slots alternate).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Iterator
@@ -26,15 +25,13 @@ import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
+from rlcore.megatron.names import global_name, is_expert, named_weights
 from rlcore.weight_sync.transport import make_exchange
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
     from rlcore.megatron.lora import LoRAAdapter
-
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -81,51 +78,12 @@ def _numel(shape) -> int:
     return n
 
 
-def global_name(model: GPTModel, local_name: str, ep_rank: int | None = None) -> str:
-    """Megatron numbers decoder layers per pipeline stage and experts per expert-parallel rank; the rules use
-    model-wide indices. ``ep_rank``: whose experts (default: this rank's)."""
-    m = _LAYER.match(local_name)
-    if not m:
-        return local_name
-    layer = model.decoder.layers[int(m.group(1))]
-    name = f"decoder.layers.{layer.layer_number - 1}.{local_name[m.end():]}"
-    e = _EXPERT.search(name)
-    if e:
-        from megatron.core import parallel_state as mpu
-
-        rank = mpu.get_expert_model_parallel_rank() if ep_rank is None else ep_rank
-        first = rank * len(layer.mlp.experts.local_experts)
-        name = f"{name[:e.start()]}.mlp.experts.local_experts.{first + int(e.group(1))}.{name[e.end():]}"
-    return name
-
-
-def named_weights(model: GPTModel, converter: WeightConverter) -> Iterator[tuple[str, torch.Tensor]]:
-    """(local name, tensor) of everything the HF checkpoint holds: the parameters, and the buffers that the model
-    plugin's rules name: state kept outside the optimizer, such as a MoE router's expert bias (aux-loss-free load
-    balancing), which megatron-core registers as a buffer. LoRA adapters' factors are not HF weights (the weights
-    they adapt are sent merged: ``merged_weights``)."""
-    yield from ((name, p) for name, p in model.named_parameters() if not is_adapter_parameter(name))
-    for name, buffer in model.named_buffers():
-        if global_name(model, name) in converter.by_megatron:
-            yield name, buffer
-
-
-def is_adapter_parameter(local_name: str) -> bool:
-    return ".lora." in local_name
-
-
 def adapted_weights(model: GPTModel) -> dict[str, LoRAAdapter]:
     """Global name of each weight a LoRA adapter adapts -> its adapter (``rlcore.megatron.lora``)."""
     from rlcore.megatron.lora import LoRAAdapter
 
     return {global_name(model, f"{name}.weight"): module.lora for name, module in model.named_modules()
             if isinstance(getattr(module, "lora", None), LoRAAdapter)}
-
-
-def is_expert(param: torch.Tensor) -> bool:
-    """A parameter of a MoE expert: whole on its rank, never split over TP (expert TP is 1). ``build_gpt`` marks
-    them allreduce=False at every layout (``mark_expert_parameters``), as the expert LoRA adapters are."""
-    return getattr(param, "allreduce", True) is False
 
 
 @dataclass(frozen=True)
