@@ -70,7 +70,6 @@ def check_policy_loss_options(cfg) -> None:
     clip_ratio_low/high, clip_ratio_c, and the rollout correction's where the config has them), checked from its
     config's ``__post_init__``; names the key."""
     from rlcore.errors import ConfigError
-    from rlcore.rollout_correction import check_correction_options
 
     if cfg.loss_agg_mode not in AGG_MODES:
         raise ConfigError(f"algorithm.loss_agg_mode = {cfg.loss_agg_mode!r}: use one of {', '.join(AGG_MODES)}")
@@ -83,7 +82,9 @@ def check_policy_loss_options(cfg) -> None:
                           f"need 0 <= low < 1 and high >= 0")
     if cfg.clip_ratio_c and cfg.clip_ratio_c <= 1:
         raise ConfigError(f"algorithm.clip_ratio_c = {cfg.clip_ratio_c}: dual-clip needs c > 1 (or 0 = off)")
-    check_correction_options(cfg)
+    check_correction = getattr(cfg, "check_correction", None)   # a RolloutCorrection's keys: it checks them itself
+    if check_correction is not None:                            # (rlcore.rollout_correction builds on this module)
+        check_correction()
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

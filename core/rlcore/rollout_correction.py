@@ -96,13 +96,28 @@ def rejection_mask(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: tor
 @dataclass
 class RolloutCorrection:
     """The correction's options, defined once: an algorithm's config dataclass takes them by inheriting this (its
-    ``__post_init__`` calling ``check_correction_options``, as ``check_policy_loss_options`` does); they are
-    ``algorithm.rollout_*`` keys. All off by default."""
+    ``__post_init__`` checks them: ``check_correction_options``, or ``rlcore.losses.check_policy_loss_options``,
+    which calls ``check_correction`` without importing this module); they are ``algorithm.rollout_*`` keys. All
+    off by default."""
     rollout_is: str = "none"             # correct for the rollout engine's logprobs differing from the trainer's:
                                          # truncated importance weights per token or per sequence (none = off)
     rollout_is_threshold: float = 2.0    # ... truncated at this (>= 1)
     rollout_rs_low: float = 0.0          # reject sequences whose geometric-mean ratio pi_trainer / pi_rollout is
     rollout_rs_high: float = 0.0         # below low or above high (0 = that side off)
+
+    def check_correction(self) -> None:
+        """Validate the correction keys (one line naming the key)."""
+        from rlcore.errors import ConfigError
+
+        if self.rollout_is not in IS_LEVELS:
+            raise ConfigError(f"algorithm.rollout_is = {self.rollout_is!r}: use one of {', '.join(IS_LEVELS)}")
+        if not self.rollout_is_threshold >= 1:
+            raise ConfigError(f"algorithm.rollout_is_threshold = {self.rollout_is_threshold}: use a number >= 1 (a "
+                              f"lower cap would shrink the weight of tokens where both engines agree)")
+        if not 0 <= self.rollout_rs_low < 1:
+            raise ConfigError(f"algorithm.rollout_rs_low = {self.rollout_rs_low}: use a number in [0, 1) (0 = off)")
+        if self.rollout_rs_high and not self.rollout_rs_high > 1:
+            raise ConfigError(f"algorithm.rollout_rs_high = {self.rollout_rs_high}: use a number > 1 (or 0 = off)")
 
     @property
     def asked(self) -> list[str]:
@@ -159,16 +174,5 @@ def async_default(cfg, config_cls: type) -> str | None:
 
 def check_correction_options(cfg) -> None:
     """Validate the correction keys of an algorithm config that has them (one line naming the key)."""
-    from rlcore.errors import ConfigError
-
-    if not isinstance(cfg, RolloutCorrection):
-        return
-    if cfg.rollout_is not in IS_LEVELS:
-        raise ConfigError(f"algorithm.rollout_is = {cfg.rollout_is!r}: use one of {', '.join(IS_LEVELS)}")
-    if not cfg.rollout_is_threshold >= 1:
-        raise ConfigError(f"algorithm.rollout_is_threshold = {cfg.rollout_is_threshold}: use a number >= 1 (a "
-                          f"lower cap would shrink the weight of tokens where both engines agree)")
-    if not 0 <= cfg.rollout_rs_low < 1:
-        raise ConfigError(f"algorithm.rollout_rs_low = {cfg.rollout_rs_low}: use a number in [0, 1) (0 = off)")
-    if cfg.rollout_rs_high and not cfg.rollout_rs_high > 1:
-        raise ConfigError(f"algorithm.rollout_rs_high = {cfg.rollout_rs_high}: use a number > 1 (or 0 = off)")
+    if isinstance(cfg, RolloutCorrection):
+        cfg.check_correction()
