@@ -45,7 +45,7 @@ class Produced:
     group: list[Trajectory]
     draw: int                 # which draw of prompts, and which prompt of it: the order a step's groups train in
     index: int
-    version: int              # the admission version (in steps) when its generation started
+    version: int              # the engines' weight version admission tagged it with at its start (Admission.version)
 
 
 class QueuedSource(Source):
@@ -58,13 +58,12 @@ class QueuedSource(Source):
         super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
         self.trainer, self.rollout = trainer, rollout
         self.batch = cfg.trainer.prompts_per_step
-        self.admission = Admission(cfg.rollout.max_staleness, self.batch)
+        self.admission = Admission(cfg.rollout.max_staleness, self.batch, cfg.actor.mini_batches * cfg.actor.epochs)
         self.buffer: collections.deque[Produced] = collections.deque()
         self.running: collections.Counter[int] = collections.Counter()   # groups generating, by admission version
         self.changed = threading.Condition()      # the buffer, running, the admission counters and the error
         self.error: str | None = None             # what stopped the rollout side, in one line
-        self.pushed = 0                           # the learner version the engines hold
-        self.pushed_step = 0                      # ... the learner's after this step
+        self.pushed = 0                           # the weight version the engines hold (Learner.version, pushed)
         self.learner = (0, 0)                     # the learner's version, after this step
         self.ledger = DrawLedger(task, self.batch)   # drawn prompts and taken groups (read and written under changed)
         self.waiting: list[tuple[list[int], dict, int, int, int]] = []   # prompts of the draw not started yet
@@ -166,7 +165,7 @@ class QueuedSource(Source):
         if self.loop is None:
             self._start()
         with self.changed:
-            self.admission.version = self.pushed_step     # the weights of this step are on the engines
+            self.admission.advance(step, version, self.pushed)     # the weights pushed so far are on the engines
         self._poke()
         kept: list[Produced] = []
         sampled: list[tuple[tuple[int, int], Scores]] = []
@@ -177,7 +176,7 @@ class QueuedSource(Source):
             with timer("wait"):
                 produced, depth = self._take()
             looked += 1
-            lag = step - 1 - produced.version
+            lag = version - produced.version           # versions between the weights it started with and these
             if lag > cfg.rollout.max_staleness:        # a straggler past the bound: dropped, never trained on
                 stale += 1
                 self._give_back()
@@ -330,7 +329,6 @@ class QueuedSource(Source):
             metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
             if probe is not None:
                 metrics["check/logprob_max_diff"] = self._check(probe, [r["scores"] for r in results])
-        self.pushed_step = step
 
     def _check(self, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
         """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
@@ -363,7 +361,7 @@ class QueuedSource(Source):
         self.learner = (version, step)
         self._push(_untimed, {})
         with self.changed:
-            self.admission.rebase(step, step * self.batch)
+            self.admission.rebase(step, version, step * self.batch)
             if "producer" in state:
                 self.ledger.load_state_dict(state["producer"])
 

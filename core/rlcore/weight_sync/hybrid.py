@@ -37,9 +37,11 @@ class HybridEngine:
         self.actor, self.rollout, self.adapters = actor, rollout, adapters
         self.offloaded = offloaded_parts(offload)
         self.mode = self.TRAIN
-        self.weights_version = 0                      # actor updates (the learner's version), pushed with the
-                                                      # weights: the engine reports it with each completion
-        self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds
+        # Weight versions count the actor's optimizer updates. The driver's Learner.version is the truth; this is
+        # the worker's copy of it (one mark_updated per update, the count restored with a checkpoint), pushed with
+        # the weights: the engine holds it as RolloutBackend.version and reports it with each completion.
+        self.weights_version = 0
+        self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds (-1: none loaded yet)
         self.history: list[str] = []      # transitions, for tests of the order
 
     def mark_updated(self) -> None:
