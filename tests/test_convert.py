@@ -27,3 +27,46 @@ def test_transformer_engine_fused_norm_names(te_name, hf_name):
 def test_unknown_parameter_is_named():
     with pytest.raises(KeyError, match="decoder.layers.1.mlp.linear_fc2.weight"):
         converter().rule("decoder.layers.1.mlp.linear_fc2.weight")
+
+
+# --- a converted checkpoint's dtype against actor.dtype, checked before anything starts ------------------------------
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A tiny Qwen3 HF checkpoint (its tokenizer one token per character) through `rlcore convert` at its default
+    dtype, bfloat16."""
+    import subprocess
+    import sys
+
+    from rlcore.testing import tiny_checkpoint
+    from rlcore_model_qwen3.plugin import QWEN3
+    from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
+
+    hf, out = tmp_path_factory.mktemp("hf"), tmp_path_factory.mktemp("converted") / "ckpt"
+    tiny_checkpoint(QWEN3, str(hf), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                    ffn_hidden_size=64, max_position_embeddings=32)
+    write_char_tokenizer(str(hf))
+    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "convert", str(hf), str(out), "--plugins=qwen3"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_a_converted_checkpoint_at_another_dtype_than_the_actors_is_refused_before_anything_starts(converted,
+                                                                                                     tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    assert json.loads((converted / "rlcore_converted.json").read_text())["dtype"] == "bfloat16"
+    expected = [f"rlcore: error: model.path {converted} was converted at bfloat16 (rlcore convert --dtype); "
+                "actor.dtype is float32: set actor.dtype=bfloat16 or convert again with --dtype float32"]
+    args = ["--plugins=qwen3,grpo,vllm", f"model.path={converted}", "actor.dtype=float32"]
+    for extra in ([f"run.dir={tmp_path / 'run'}"], ["--dry-run"]):
+        result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", *args, *extra], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")] == expected
+    agreeing = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", *args[:-1], "actor.dtype=bfloat16",
+                               "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert agreeing.returncode == 0, agreeing.stderr[-2000:]

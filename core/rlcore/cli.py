@@ -83,7 +83,7 @@ def cmd_run(args) -> int:
 
 def dry_run(cfg, plugins) -> int:
     from rlcore.config import bind_plugin_section
-    from rlcore.preflight import check_context, check_optimizers, check_rollout_backend
+    from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
     from rlcore.sizing import dry_run as check, read_model_config
 
     reg = plugins.registry
@@ -91,6 +91,8 @@ def dry_run(cfg, plugins) -> int:
     algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
     check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
     hf_config = read_model_config(cfg)
+    if cfg.model.path:
+        check_converted_dtype(cfg, os.path.expanduser(cfg.model.path))
     check_rollout_backend(cfg, reg, hf_config, here=False)
     check_context(cfg, hf_config)
     problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg))

@@ -36,6 +36,14 @@ def is_converted(path: str) -> bool:
     return os.path.isfile(os.path.join(path, MARKER))
 
 
+def converted_dtype(path: str) -> str | None:
+    """The dtype ``path``'s weights were written at by ``rlcore convert`` (None: not a converted checkpoint)."""
+    if not is_converted(path):
+        return None
+    with open(os.path.join(path, MARKER)) as f:
+        return json.load(f).get("dtype")
+
+
 def convert(hf_dir: str, out: str, family: str | None = None, tp: int = 1, pp: int = 1, ep: int = 1,
             dtype: str = "bfloat16", plugin_names: list[str] | None = None) -> str:
     """Write ``hf_dir`` as a converted checkpoint in ``out`` at this layout (see the module docstring); ``family``:

@@ -42,6 +42,18 @@ def check_adapter_sync(cfg: Config, serves_adapters: bool, hf_config: dict[str, 
                           "so it has no base weights for the adapters; use rollout.lora=merged")
 
 
+def check_converted_dtype(cfg: Config, model_path: str) -> None:
+    """A checkpoint ``rlcore convert`` wrote holds its weights at the dtype it was converted at: an actor at another
+    would train on them rounded (or widened from rounded ones), so the two must agree."""
+    from rlcore.hf_to_megatron import converted_dtype
+
+    converted = converted_dtype(model_path)
+    if converted is not None and converted != cfg.actor.dtype:
+        raise ConfigError(f"model.path {model_path} was converted at {converted} (rlcore convert --dtype); "
+                          f"actor.dtype is {cfg.actor.dtype}: set actor.dtype={converted} or convert again with "
+                          f"--dtype {cfg.actor.dtype}")
+
+
 def check_layout(cfg: Config, spec: "ModelSpec", hf_config: dict[str, Any]) -> None:
     """The actor's parallel layout against the model, by the dry run's own function (``rlcore.sizing``), in one line:
     Megatron would otherwise refuse it inside a worker, with a traceback."""

@@ -15,7 +15,8 @@ from rlcore.config import Config, bind_plugin_section, check_runnable_here, save
 from rlcore.errors import RlcoreError
 from rlcore.learner import Learner
 from rlcore.plugins import LoadedPlugins
-from rlcore.preflight import check_context, check_layout, check_optimizers, check_rollout_backend
+from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
+                              check_rollout_backend)
 from rlcore.rewards import build_rewards
 from rlcore.rollout.colocated import ColocatedSource
 from rlcore.rollout.source import Source
@@ -94,6 +95,7 @@ class Run:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
+        check_converted_dtype(cfg, self.model_path)
         check_rollout_backend(cfg, self.plugins.registry, hf_config)
         self._check_model(hf_config)
         self.hf_config = hf_config
