@@ -2,7 +2,7 @@
 
     python bench/async_throughput.py [--steps 40] [--eval-every 5] [--threshold 0.65] [--warmup 3]
                                      [--workloads quickstart,long-tailed] [--staleness 0,1,2] [--partial false,true]
-                                     [--keep DIR] [key=value ...]
+                                     [--keep DIR] [--smoke] [key=value ...]
 
 Every run is a real ``rlcore run`` of the quickstart (``--plugins=qwen3,grpo,vllm quickstart``, its warm start
 cached), one after another: *colocated* with ``trainer.world_size=2`` (two Ray workers, each a Megatron
@@ -26,12 +26,18 @@ gets several updates), the engine pause of a push, the mean staleness; and the f
 held-out accuracy >= ``--threshold``, as its step and the sum of ``time/step`` until then. Last line:
 ``async speedup <x> quickstart, <y> long-tailed``: the best async setting's steps/s over the colocated run's.
 Goal (issue 26): >= 1.4x on the quickstart and >= 1.6x long-tailed, reaching the threshold no later.
+``--smoke`` (tests/test_bench_smoke.py): the long-tailed workload (so the long_tail plugin too) unless
+``--workloads`` is given, colocated on one worker and async at staleness 0 without partial, 3 steps of 4 prompts x
+2 samples (evaluated on 8 held-out prompts at step 2, the first left out), from the model as built (no warm start;
+SMOKE, its cache with the runs).
+The runs' folder is removed after a run that ends well, unless it is ``--keep``'s.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,8 @@ COLOCATED = ["trainer.world_size=2"]
 AFTER_EVAL = 2          # steps left out after each evaluation
 PHASES = ("rollout", "wait", "train", "logprobs", "sync")   # time/<phase>: generating (colocated) or waiting for
                                                             # groups (async), the update, its logprob pass, the push
+SMOKE = ["warm_start.steps=0", "warm_start.target_accuracy=0", "trainer.prompts_per_step=4", "rollout.n=2",
+         "task.options.eval_size=8"]
 
 
 def async_overrides(staleness: int, partial: bool) -> list[str]:
@@ -160,12 +168,20 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--threshold", type=float, default=0.65, help="held-out accuracy to reach")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the rates")
-    parser.add_argument("--workloads", default="quickstart,long-tailed")
-    parser.add_argument("--staleness", default="0,1,2", help="rollout.max_staleness values of the async runs")
-    parser.add_argument("--partial", default="false,true", help="rollout.partial values of the async runs")
+    parser.add_argument("--workloads", help="default: quickstart,long-tailed (--smoke: long-tailed)")
+    parser.add_argument("--staleness", help="rollout.max_staleness values of the async runs (default: 0,1,2; "
+                                            "--smoke: 0)")
+    parser.add_argument("--partial", help="rollout.partial values of the async runs (default: false,true; "
+                                          "--smoke: false)")
     parser.add_argument("--keep", help="keep the runs (run dirs and logs) here")
+    parser.add_argument("--smoke", action="store_true", help="3 small steps, no warm start: a check that it runs")
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args()
+    smoke = dict(workloads="long-tailed", staleness="0", partial="false") if args.smoke else \
+        dict(workloads="quickstart,long-tailed", staleness="0,1,2", partial="false,true")
+    for key, default in smoke.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
     workloads = args.workloads.split(",")
     for w in workloads:
         if w not in WORKLOADS:
@@ -174,11 +190,15 @@ def main() -> None:
 
     root = args.keep or tempfile.mkdtemp(prefix="async-throughput-")
     os.makedirs(root, exist_ok=True)
+    if args.smoke:
+        args.steps, args.eval_every, args.warmup = 3, 2, 1
+        args.overrides = [*SMOKE, f"warm_start.cache_dir={os.path.join(root, 'warm_start')}", *args.overrides]
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; runs in {root}", flush=True)
     speedups = {}
     for workload in workloads:
-        modes = {"colocated": COLOCATED, **{f"async S={s}{' partial' if p else ''}": async_overrides(s, p)
-                                           for s, p in settings}}
+        colocated = ["trainer.world_size=1"] if args.smoke else COLOCATED
+        modes = {"colocated": colocated, **{f"async S={s}{' partial' if p else ''}": async_overrides(s, p)
+                                            for s, p in settings}}
         results = {}
         for name, mode in modes.items():
             run_dir = os.path.join(root, f"{workload}-{name.replace(' ', '-').replace('=', '')}")
@@ -190,6 +210,8 @@ def main() -> None:
         speedups[workload] = report(workload, results, 1.4 if workload == "quickstart" else 1.6, args)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     speedup = {w: f"{speedups[w]:.2f}" if w in speedups else "n/a" for w in WORKLOADS}
+    if not args.keep:
+        shutil.rmtree(root)
     print(f"async speedup {speedup['quickstart']} quickstart, {speedup['long-tailed']} long-tailed")
 
 

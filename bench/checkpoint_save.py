@@ -1,6 +1,6 @@
 """Checkpoint save time against a plain write of the same bytes, on a ~100M-parameter Qwen3-shaped actor.
 
-    python bench/checkpoint_save.py [--layouts tp1,tp2,dp2] [--repeats 3]
+    python bench/checkpoint_save.py [--layouts tp1,tp2,dp2] [--repeats 3] [--smoke]
 
 For each layout (torchrun, one process per rank, gloo) every rank builds its Megatron shard with its distributed
 Adam optimizer, takes one update (so the optimizer has its moments), then alternates ``--repeats`` times:
@@ -10,6 +10,8 @@ until training could go on, ``async stall``, and until the write is finalized); 
 the same tensors (its model shard's parameters and its optimizer state) as raw bytes into one file with an fsync.
 Prints seconds (median, after barriers: the slowest rank), the bytes each wrote, and the ratios to the floor.
 Goal: the asynchronous save stalls training no longer than the floor (ratio <= 1).
+``--smoke`` (tests/test_bench_smoke.py): the same path on a model of ~0.2M parameters (SMOKE_SHAPE), layout tp2
+unless ``--layouts`` is given, one repeat; the last line is then that layout's row, its ratios ``<x>x, <y>x``.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from rlcore.launch import torchrun
 SHAPE = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4, head_dim=64, ffn_hidden_size=2048,
              max_position_embeddings=256)
 VOCAB = 32000
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=128,
+                   max_position_embeddings=64, vocab_size=512)     # --smoke's
 LAYOUTS = {"tp1": (1, 1), "tp2": (2, 2), "dp2": (2, 1)}   # world, tp
 
 
@@ -64,7 +68,7 @@ def rank_main(args) -> None:
     from rlcore_plugins.optimizers import SPECS
 
     torch.set_num_threads(1)
-    hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
+    hf = QWEN3.tiny_hf_config(**SMOKE_SHAPE) if args.smoke else QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
     actor = MegatronActor(QWEN3, hf, ActorConfig(micro_batch_size=2, optim=OptimConfig(lr=1e-4),
                                                  parallel=ParallelConfig(tp=args.tp)), SPECS[0])
     batch = Batch(build_sequences([[1, 2, 3]] * 2, [[4, 5, 6, 7]] * 2, pad_id=0))
@@ -117,8 +121,9 @@ def rank_main(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layouts", default="tp1,tp2,dp2")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layouts", help="default: tp1,tp2,dp2 (--smoke: tp2)")
+    parser.add_argument("--repeats", type=int, help="default: 3 (--smoke: 1)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one repeat: a check that it runs")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
@@ -126,12 +131,15 @@ def main() -> None:
     if args.rank:
         rank_main(args)
         return
+    layouts = args.layouts or ("tp2" if args.smoke else "tp1,tp2,dp2")
+    repeats = args.repeats or (1 if args.smoke else 3)
     print(f"{'layout':<8} {'params':>7} {'floor s':>8} {'sync s':>7} {'async stall s':>14} {'async total s':>14} "
           f"{'save MB':>8} {'floor MB':>9}   ratios to the floor: sync, async stall")
-    for name in args.layouts.split(","):
+    for name in layouts.split(","):
         world, tp = LAYOUTS[name]
         with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-            cmd = [*torchrun(world), __file__, "--rank", f"--tp={tp}", f"--dir={tmp}", f"--repeats={args.repeats}"]
+            cmd = [*torchrun(world), __file__, "--rank", f"--tp={tp}", f"--dir={tmp}", f"--repeats={repeats}",
+                   *(["--smoke"] if args.smoke else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
             if out.returncode != 0:
                 errors = [line for line in out.stderr.splitlines() if "Error" in line and "error_file" not in line]

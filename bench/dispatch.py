@@ -1,6 +1,6 @@
 """Handing a step's batch to two Ray workers and a per-token result back, against a plain copy of the same bytes.
 
-    python bench/dispatch.py [--rows 1024] [--seq 2048] [--layouts dp2,tp2] [--repeats 7]
+    python bench/dispatch.py [--rows 1024] [--seq 2048] [--layouts dp2,tp2] [--repeats 7] [--smoke]
 
 Two Ray workers behind the real ``WorkerGroup`` (``rlcore.workers.echo.EchoWorker``: no model; its "forward" is one
 multiply, so what is timed is the dispatch). ``dp2``: each worker its own data-parallel share; ``tp2``: the two are
@@ -15,6 +15,7 @@ shares out, every worker's pass, the per-token result back in the batch's row or
 
 The floor: one ``copy_`` of the batch's and the result's bytes into buffers already allocated, in this process.
 Prints medians in seconds and as ratios to the floor; the last line is the worst ``now`` ratio over the layouts.
+``--smoke`` (tests/test_bench_smoke.py): both layouts on a batch of 16 x 64 tokens, one repeat.
 """
 from __future__ import annotations
 
@@ -85,7 +86,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--layouts", default="dp2,tp2")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--smoke", action="store_true", help="16 rows x 64 tokens, one repeat: a check that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.seq, args.repeats = 16, 64, 1
     torch.set_num_threads(1)
     batch = step_batch(args.rows, args.seq)
     batch_mb = sum(t.nbytes for t in batch.tensors.values()) / 1e6

@@ -1,7 +1,7 @@
 """Peak host memory per rank while a checkpoint loads into the actor's Megatron shard, and while the actor exports
 an HF checkpoint, against the bound each should keep.
 
-    python bench/load_memory.py [--layouts world1,tp2,pp2,ep2] [--models dense,moe] [--max-shard-mb 256]
+    python bench/load_memory.py [--layouts world1,tp2,pp2,ep2] [--models dense,moe] [--max-shard-mb 256] [--smoke]
 
 Writes two bf16 checkpoints in HF's sharded layout (>= 4 files with an index): a Qwen3-shaped dense model of ~0.52B
 parameters and a Qwen3-MoE-shaped one of ~0.25B (32 experts a layer). For each layout (torchrun, one process per
@@ -14,6 +14,9 @@ peak rise over the bound max_shard_size + largest tensor. ``baseline`` runs the 
 change in the same processes' place: every file read whole by every rank (``safetensors.torch.load_file``), every
 converted tensor held until all are copied, and the export collected into one dict written as one file.
 Goal: ratios <= 1.3 at every layout. Last line: ``worst load ratio <x>, worst export ratio <y>`` (the new code's).
+``--smoke`` (tests/test_bench_smoke.py): the same path on a MoE model of a few hundred kB (SMOKE) in several files,
+at world1 (a 2-rank layout costs 20 s more), export files of 1 MB (``--models``/``--layouts`` still choose); its
+ratios mean nothing (the bounds are dominated by the 1 MB file size).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import tempfile
 
 from process_memory import reset_peak, status   # bench/process_memory.py
 
+from rlcore.launch import torchrun
+
 MODELS = {
     "dense": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=32000, hidden_size=1024,
                   intermediate_size=3072, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=8,
@@ -37,20 +42,25 @@ MODELS = {
 }
 COMMON = dict(max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
               hidden_act="silu", attention_bias=False, dtype="bfloat16", bos_token_id=0, eos_token_id=0)
+SMOKE = {"dense": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+         "moe": dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                     num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16)}       # --smoke's shapes, over MODELS'
 FAMILY = {"dense": ("qwen3", "qwen3"), "moe": ("qwen3", "qwen3_moe")}      # plugin, model family
 LAYOUTS = {"world1": dict(world=1), "tp2": dict(world=2, tp=2), "pp2": dict(world=2, pp=2),
            "ep2": dict(world=2, ep=2)}
 
 
-def write_checkpoint(model: str, path: str, file_bytes: int) -> int:
-    """Random bf16 weights of ``model``'s shapes, written tensor by tensor in files of ``file_bytes``; returns the
-    largest tensor's bytes."""
+def write_checkpoint(model: str, path: str, file_bytes: int, smoke: bool = False) -> int:
+    """Random bf16 weights of ``model``'s shapes (``smoke``: SMOKE's), written tensor by tensor in files of
+    ``file_bytes``; returns the largest tensor's bytes."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlcore.hf_checkpoint import TensorSpec, write_sharded
 
-    config = {**MODELS[model], **COMMON}
+    config = {**MODELS[model], **(SMOKE[model] if smoke else {}), **COMMON}
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
     specs = []
@@ -153,10 +163,11 @@ def rank_main(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layouts", default="world1,tp2,pp2,ep2")
-    parser.add_argument("--models", default="dense,moe")
+    parser.add_argument("--layouts", help="default: world1,tp2,pp2,ep2 (--smoke: world1)")
+    parser.add_argument("--models", help="default: dense,moe (--smoke: moe)")
     parser.add_argument("--max-shard-mb", type=int, default=256, help="export files of at most this many MB")
     parser.add_argument("--bucket-mb", type=int, default=64, help="weight-stream buckets (rollout.sync_bucket_mb)")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, export files of 1 MB: a check that it runs")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -168,16 +179,21 @@ def main() -> None:
     if args.rank:
         rank_main(args)
         return
+    if args.smoke:
+        args.max_shard_mb = 1
+    layouts = args.layouts or ("world1" if args.smoke else "world1,tp2,pp2,ep2")
+    models = args.models or ("moe" if args.smoke else "dense,moe")
     worst_load = worst_export = 0.0
     print(f"{'model':<6} {'layout':<7} {'rank':>4} {'shard MB':>9} {'load rise MB':>13} {'load ratio':>11} "
           f"{'export rise MB':>15} {'export ratio':>13}   (baseline: load ratio, export ratio)")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-        for model in args.models.split(","):
+        for model in models.split(","):
             ckpt = os.path.join(tmp, model)
-            largest = write_checkpoint(model, ckpt, file_bytes=300 << 20 if model == "dense" else 120 << 20)
+            file_bytes = 64 << 10 if args.smoke else 300 << 20 if model == "dense" else 120 << 20
+            largest = write_checkpoint(model, ckpt, file_bytes, args.smoke)
             files = len([f for f in os.listdir(ckpt) if f.endswith(".safetensors")])
             print(f"# {model}: {files} files, largest tensor {largest / 1e6:.0f} MB")
-            for layout in args.layouts.split(","):
+            for layout in layouts.split(","):
                 sizes = LAYOUTS[layout]
                 if sizes.get("ep", 1) > 1 and model == "dense":
                     continue

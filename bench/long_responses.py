@@ -2,7 +2,7 @@
 without packing the sequences into one row, and the memory recompute saves.
 
     python bench/long_responses.py [--sequences 32] [--max-len 1024] [--budget 4096] [--micro-batch 4] [--repeats 2]
-                                   [--chunk 512]
+                                   [--chunk 512] [--smoke]
 
 A GRPO-shaped update (one process, a Qwen3-shaped actor, fp32): ``--sequences`` rows, prompts of 32 tokens,
 responses drawn from a long-tailed (Pareto) law between 16 and ``--max-len`` tokens. Each configuration runs in its
@@ -13,7 +13,10 @@ recompute) and ``budget+whole`` (the budget with the output layer and logprobs o
 once; the others take ``--chunk`` tokens at a time: ``logprob_chunk_tokens``). Prints trained (response) tokens per second over ``--repeats`` updates after a warm-up one, the padding
 fraction (the update's ``actor/padding_frac``: padded positions of all positions the passes computed), the peak
 resident memory, and the ratios to fixed. Goal (issue 16): >= 1.6x the fixed-size throughput at no higher peak
-memory.
+memory. Last line: ``logits <chunk> tokens at a time: <m> MB less peak memory than all at once, <x>x its throughput``.
+``--smoke`` (tests/test_bench_smoke.py): every configuration on 4 sequences of at most 64 tokens, a 2-layer model
+(SMOKE_SHAPE), one timed update, all in this process one after another (a process each costs ~10 s of imports), so
+its peak memory is the process's so far and its memory ratios mean nothing.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from rlcore.launch import free_port
 
 SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64, ffn_hidden_size=768)
 VOCAB = 4096
+SMOKE_SHAPE = dict(SHAPE, hidden_size=64, num_layers=2, head_dim=16, ffn_hidden_size=128)     # --smoke's
+SMOKE = dict(sequences=4, max_len=64, budget=128, micro_batch=2, repeats=1, chunk=32)
 CONFIGS = {"fixed": dict(recompute="none", budget=False, pack=False, chunked=True),
            "budget": dict(recompute="none", budget=True, pack=False, chunked=True),
            "packed": dict(recompute="none", budget=True, pack=True, chunked=True),
@@ -41,7 +46,8 @@ def response_lengths(n: int, longest: int, seed: int = 0) -> list[int]:
     return [max(16, min(longest, int(16 * rng.paretovariate(0.7)))) for _ in range(n)]
 
 
-def run_config(args) -> None:
+def run_config(name: str, args) -> dict:
+    """One configuration's warm-up and timed updates, in this process; what it measured."""
     import resource
 
     import torch
@@ -55,9 +61,10 @@ def run_config(args) -> None:
     from rlcore_plugins.optimizers import SPECS
 
     torch.set_num_threads(1)
-    config = CONFIGS[args.config]
+    config = CONFIGS[name]
     lengths = response_lengths(args.sequences, args.max_len)
-    hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, max_position_embeddings=32 + args.max_len, **SHAPE)
+    hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, max_position_embeddings=32 + args.max_len,
+                              **(SMOKE_SHAPE if args.smoke else SHAPE))
     cfg = ActorConfig(micro_batch_size=args.micro_batch, optim=OptimConfig(lr=1e-5), recompute=config["recompute"],
                       max_tokens_per_micro_batch=args.budget if config["budget"] else 0,
                       pack_sequences=config["pack"], logprob_chunk_tokens=args.chunk if config["chunked"] else 0)
@@ -77,10 +84,21 @@ def run_config(args) -> None:
     for _ in range(args.repeats):
         update()
     seconds = (time.perf_counter() - start) / args.repeats
-    print(json.dumps({"tokens_per_s": tokens / seconds, "seconds": seconds, "padding": padding,
-                      "micro_batches": len(micro),
-                      "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+    del actor
     shutdown_parallel()
+    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "padding": padding, "micro_batches": len(micro),
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_in_process(name: str, args) -> dict:
+    """``name`` in a process of its own (its peak memory its own)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    out = subprocess.run([sys.executable, __file__, f"--config={name}", *sys.argv[1:]], capture_output=True,
+                         text=True, env=env)
+    if out.returncode != 0:
+        sys.exit(out.stderr[-3000:])
+    return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def main() -> None:
@@ -91,10 +109,15 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, all in this process: a check that it runs")
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+        for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)              # a world of one, no rendezvous
     if args.config:
-        run_config(args)
+        print(json.dumps(run_config(args.config, args)), flush=True)
         return
     lengths = response_lengths(args.sequences, args.max_len)
     print(f"{args.sequences} sequences, responses {min(lengths)}-{max(lengths)} tokens (mean "
@@ -103,13 +126,7 @@ def main() -> None:
     print(f"{'config':<12} {'tokens/s':>9} {'s/update':>9} {'padding':>8} {'micro-batches':>14} {'peak MB':>8}")
     results = {}
     for name in CONFIGS:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-        out = subprocess.run([sys.executable, __file__, f"--config={name}", *sys.argv[1:]], capture_output=True,
-                             text=True, env=env)
-        if out.returncode != 0:
-            sys.exit(out.stderr[-3000:])
-        r = results[name] = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+        r = results[name] = run_config(name, args) if args.smoke else run_in_process(name, args)
         print(f"{name:<12} {r['tokens_per_s']:>9.0f} {r['seconds']:>9.2f} {r['padding']:>8.1%} "
               f"{r['micro_batches']:>14} {r['peak_mb']:>8.0f}")
     fixed, budget, recompute = results["fixed"], results["budget"], results["budget+full"]

@@ -1,11 +1,12 @@
 """What LoRA saves: optimizer state, gradient buffers, parameters and the reference policy per rank, LoRA against
 full fine-tuning, on Qwen2.5-0.5B's published shape; and one weight sync, merged weights against adapters only.
 
-    python bench/lora_memory.py [--rank 16] [--repeats 3] [--engine vllm|none] [--small]
+    python bench/lora_memory.py [--rank 16] [--repeats 3] [--engine vllm|none] [--small | --smoke]
 
 The model is configs/models/qwen2.5-0.5b.json (Qwen2.5-0.5B's config.json: hidden 896, 24 layers, 14 heads, 2 KV
 heads, FFN 4864, vocabulary 151936, tied embeddings) with random weights built in-process (nothing downloaded);
-``--small`` keeps its widths but 2 layers and a vocabulary of 8192 (a quick check of the script, ~1 min). Each arm
+``--small`` keeps its widths but 2 layers and a vocabulary of 8192 (a quick check of the script, ~1 min); ``--smoke``
+(tests/test_bench_smoke.py) is 2 layers of width 64 and a vocabulary of 512 (SMOKE), one repeat. Each arm
 is its own process (one rank, TP1, gloo): rlcore's MegatronActor in bfloat16 with the run's optimizer (distributed
 Adam), a GRPO config with a KL term (``algorithm.kl_coef``), so the actor freezes its reference policy as a run's
 worker does; then one real update. *full*: every weight trained; *lora*: ``actor.lora.rank`` on linear_qkv,
@@ -48,6 +49,10 @@ from process_memory import resident, status   # bench/process_memory.py
 
 MODEL_CONFIG = "qwen2.5-0.5b"            # configs/models/
 SMALL = dict(num_hidden_layers=2, vocab_size=8192, max_window_layers=2)
+SMOKE = dict(SMALL, vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2)
+SIZES = {"small": (SMALL, " --small (2 layers, vocabulary 8192)"),
+         "smoke": (SMOKE, " --smoke (2 layers of width 64, vocabulary 512)")}     # over the model's config
 MB = 1 << 20
 
 
@@ -136,7 +141,7 @@ def engine_syncs(actor, registry, cfg, base: str, repeats: int) -> dict[str, dic
     return results
 
 
-def arm_main(arm: str, rank: int, small: bool, repeats: int, engine: bool) -> dict:
+def arm_main(arm: str, rank: int, size: str | None, repeats: int, engine: bool) -> dict:
     """One arm in this process: the actor, its reference, one update, what it holds."""
     import torch
 
@@ -157,8 +162,9 @@ def arm_main(arm: str, rank: int, small: bool, repeats: int, engine: bool) -> di
     needs_reference = algorithm.needs_reference(bind_plugin_section("algorithm", dict(cfg.algorithm),
                                                                     algorithm.config_cls))
     hf = read_model_config(cfg)
-    if small:
-        hf.update(SMALL, layer_types=hf["layer_types"][: SMALL["num_hidden_layers"]])
+    if size:
+        shrink = SIZES[size][0]
+        hf.update(shrink, layer_types=hf["layer_types"][: shrink["num_hidden_layers"]])
     actor = MegatronActor(spec, hf, cfg.actor, registry.get("optimizers", cfg.actor.optim.name), seed=0)
     built = resident()
     base = tempfile.mkdtemp(prefix="lora-memory-base-")
@@ -212,9 +218,9 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.3f}"
 
 
-def report(results: dict[str, dict], rank: int, small: bool) -> str:
+def report(results: dict[str, dict], rank: int, size: str | None) -> str:
     full, lora = results["full"], results["lora"]
-    lines = [f"model: {MODEL_CONFIG}{' --small (2 layers, vocabulary 8192)' if small else ''}, bfloat16, one rank "
+    lines = [f"model: {MODEL_CONFIG}{SIZES[size][1] if size else ''}, bfloat16, one rank "
              f"(TP1), GRPO with a KL term; lora: rank {rank} on linear_qkv, linear_proj, linear_fc1, linear_fc2",
              f"trained parameters: full {full['measured']['trained']:,}, lora {lora['measured']['trained']:,} "
              f"({lora['measured']['trained'] / full['measured']['trained']:.2%}); the model "
@@ -264,14 +270,20 @@ def report(results: dict[str, dict], rank: int, small: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rank", type=int, default=16, help="actor.lora.rank")
-    parser.add_argument("--small", action="store_true", help="2 layers, vocabulary 8192: a quick check")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--small", action="store_true", help="2 layers, vocabulary 8192: a quick check")
+    sizes.add_argument("--smoke", action="store_true", help="2 layers of width 64, vocabulary 512: a check that it "
+                                                            "runs")
     parser.add_argument("--repeats", type=int, default=3, help="timed syncs of each kind (median)")
     parser.add_argument("--engine", choices=["vllm", "none"], default="vllm",
                         help="also time whole syncs into a vLLM engine (none: skip; the engine's start takes ~1 min)")
     parser.add_argument("--arm", choices=["full", "lora"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    size = "smoke" if args.smoke else "small" if args.small else None
+    if args.smoke:
+        args.repeats = 1
     if args.arm:
-        print(json.dumps(arm_main(args.arm, args.rank, args.small, args.repeats, args.engine == "vllm")),
+        print(json.dumps(arm_main(args.arm, args.rank, size, args.repeats, args.engine == "vllm")),
               flush=True)
         return
     results = {}
@@ -284,7 +296,7 @@ def main() -> None:
         if out.returncode != 0:
             sys.exit(f"the {arm} arm failed:\n{out.stderr[-3000:]}")
         results[arm] = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    print(report(results, args.rank, args.small))
+    print(report(results, args.rank, size))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Time RL steps at the quickstart's scale and split them into phases, for each rollout backend in one run.
 
-    python bench/step_breakdown.py [--backend vllm,sglang] [--steps 40] [--warmup 5] [key=value ...]
+    python bench/step_breakdown.py [--backend vllm,sglang] [--steps 40] [--warmup 5] [--smoke] [key=value ...]
 
 Prints, per backend, the median seconds of rollout / weight sync / logprobs / train / whole step, each backend's
 phases against the first's, and the weight sync against its floor measured in the same run: a plain ``copy_`` of
 the same tensors (same names, shapes, bytes) into preallocated buffers. Target on the 2-core CPU machine: median
-step < 0.4 s.
+step < 0.4 s. Last line: the last backend's ``... sync / copy = <x>x; median step <s> s (target < 0.4 s): MET``
+(or ``NOT MET``).
+``--smoke`` (tests/test_bench_smoke.py): vLLM unless ``--backend`` is given, 2 steps after 1 warm-up step of 4
+prompts x 2 samples, from the model as built (no warm start; SMOKE, its cache in a temporary folder).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def plain_copy_seconds(actor, repeats: int = 5) -> tuple[float, int]:
 
 
 PHASES = ("rollout", "sync", "logprobs", "train", "reward", "step")
+SMOKE = ["warm_start.steps=0", "warm_start.target_accuracy=0", "trainer.prompts_per_step=4", "rollout.n=2"]
 
 
 def measure(backend: str, args) -> dict:
@@ -74,9 +78,11 @@ def measure(backend: str, args) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="vllm,sglang", help="rollout backends, comma-separated, in one run")
+    parser.add_argument("--backend", help="rollout backends, comma-separated, in one run (default: vllm,sglang; "
+                                          "--smoke: vllm)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5, help="steps excluded from the medians")
+    parser.add_argument("--smoke", action="store_true", help="2 small steps, no warm start: a check that it runs")
     parser.add_argument("--measure-to", help=argparse.SUPPRESS)     # one backend's run, in its own process
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -86,13 +92,17 @@ def main() -> int:
         with open(args.measure_to, "w") as f:
             json.dump(measure(args.backend, args), f)
         return 0
-    backends = args.backend.split(",")
+    backends = (args.backend or ("vllm" if args.smoke else "vllm,sglang")).split(",")
     results = {}
-    for b in backends:    # each in a fresh process: Megatron's parallel state is per process
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run([sys.executable, __file__, "--backend", b, "--steps", str(args.steps), "--warmup",
-                            str(args.warmup), "--measure-to", out.name, *args.overrides], check=True)
-            results[b] = json.load(open(out.name))
+    with tempfile.TemporaryDirectory() as cache:
+        if args.smoke:
+            args.steps, args.warmup = 2, 1
+            args.overrides = [*SMOKE, f"warm_start.cache_dir={cache}", *args.overrides]
+        for b in backends:    # each in a fresh process: Megatron's parallel state is per process
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                subprocess.run([sys.executable, __file__, "--backend", b, "--steps", str(args.steps), "--warmup",
+                                str(args.warmup), "--measure-to", out.name, *args.overrides], check=True)
+                results[b] = json.load(open(out.name))
     first = results[backends[0]]
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     print(f"quickstart scale: {first['prompts']} prompts x {first['n']} samples, {first['parameters']:,} parameters, "

@@ -1,6 +1,6 @@
 """The weight push between processes on this host (rlcore.weight_sync.push): shared memory against gloo broadcasts.
 
-    python bench/weight_push.py [--mb 256] [--bucket-mb 64] [--receivers 1] [--pushes 4]
+    python bench/weight_push.py [--mb 256] [--bucket-mb 64] [--receivers 1] [--pushes 4] [--smoke]
 
 A sender process pushes --mb of tensors (float32 and bfloat16, a few MB each, one bigger than a bucket) to
 --receivers processes, each of which copies every tensor into parameters of its own, as an engine loads weights.
@@ -8,6 +8,7 @@ Both transports are set up side by side and their pushes alternate (after one wa
 machine hits both alike. A push's time is the sender's: from its start until every receiver has taken the last
 bucket. Prints each transport's median seconds and MB/s, and the floor: the receivers' copy alone (the same tensors
 copied into the same parameters within one process). Last line: ``push shm/collectives <x>x`` (speed ratio).
+``--smoke`` (tests/test_bench_smoke.py): 8 MB in buckets of 2 MB, one timed push.
 """
 from __future__ import annotations
 
@@ -61,7 +62,10 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=64)
     parser.add_argument("--receivers", type=int, default=1)
     parser.add_argument("--pushes", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true", help="8 MB, buckets of 2 MB, one push: a check that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.mb, args.bucket_mb, args.pushes = 8, 2, 1
 
     from rlcore.launch import free_port
     from rlcore.weight_sync.push import WeightPushSender

@@ -1,6 +1,7 @@
 """Weight sync train -> rollout on a ~0.5B-parameter Qwen3-shaped model (random weights), at several layouts.
 
     python bench/weight_sync.py [--backend vllm,sglang] [--layouts tp1,tp2,pp2] [--bucket-mb 256] [--dtype float32]
+                                [--smoke]
 
 For each backend and layout (torchrun, one process per rank, gloo) every rank hosts a Megatron shard and a rollout
 engine (rollout TP=1: vLLM in the process through its external launcher, SGLang in its own scheduler process).
@@ -16,7 +17,10 @@ shared-memory slots mapped afresh during the timed syncs (all ranks) because the
 "shm MB": the two shared-memory slots, mapped once and shared by the host's ranks; "peak extra MB", the
 resident-memory rise during a sync; "engine own MB", the rise during the engine floor (the engine's own
 re-materialisation; the sync's own extra memory is roughly the difference); the largest bucket plus the largest
-tensor; "copy s", a plain copy of the model's HF tensors into preallocated buffers (the other floor).
+tensor; "copy s", a plain copy of the model's HF tensors into preallocated buffers (the other floor). Last line:
+``worst sync/ingest <x>x (<backend> <layout>)``; a layout that failed makes the exit status 1.
+``--smoke`` (tests/test_bench_smoke.py): a model of ~0.1M parameters (SMOKE_SHAPE) in buckets of 0.25 MB, one
+repeat, vLLM at tp2 unless ``--backend``/``--layouts`` are given.
 """
 from __future__ import annotations
 
@@ -35,18 +39,23 @@ from rlcore.launch import torchrun
 SHAPE = dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, ffn_hidden_size=3072,
              max_position_embeddings=256)
 VOCAB = 32000
+SMOKE_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=128,
+                   max_position_embeddings=256)      # --smoke's, with vocabulary SMOKE_VOCAB
+SMOKE_VOCAB = 512
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2), "tp2xpp2": (4, 2, 2)}   # world, tp, pp
 
 
-def make_checkpoint(directory: str, dtype: str) -> None:
-    """Random HF Qwen3 checkpoint of the benchmark shape (no model init: tensors are filled directly)."""
+def make_checkpoint(directory: str, dtype: str, smoke: bool = False) -> None:
+    """Random HF Qwen3 checkpoint of the benchmark shape (``smoke``: SMOKE_SHAPE) (no model init: tensors are filled
+    directly)."""
     import torch
     from safetensors.torch import save_file
 
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 
-    hf = QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
+    hf = QWEN3.tiny_hf_config(vocab_size=SMOKE_VOCAB, **SMOKE_SHAPE) if smoke else \
+        QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
     hf["dtype"] = dtype
     write_char_tokenizer(directory)
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -181,11 +190,13 @@ def rank_main(args) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="vllm,sglang", help="rollout backends, comma-separated, in one run")
-    parser.add_argument("--layouts", default="tp1,tp2,pp2")
+    parser.add_argument("--backend", help="rollout backends, comma-separated, in one run (default: vllm,sglang; "
+                                          "--smoke: vllm)")
+    parser.add_argument("--layouts", help="default: tp1,tp2,pp2 (--smoke: tp2)")
     parser.add_argument("--bucket-mb", type=float, default=256)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=5, help="timed syncs, each followed by its engine floor")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one repeat: a check that it runs")
     parser.add_argument("--rank-of", dest="layout", help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -193,16 +204,20 @@ def main() -> int:
     if args.layout:
         rank_main(args)
         return 0
+    if args.smoke:
+        args.bucket_mb, args.repeats = 0.25, 1
+    backends = args.backend or ("vllm" if args.smoke else "vllm,sglang")
+    layouts = args.layouts or ("tp2" if args.smoke else "tp1,tp2,pp2")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
-        make_checkpoint(ckpt, args.dtype)
-        params = None
+        make_checkpoint(ckpt, args.dtype, args.smoke)
+        params, failed, worst_ratio = None, [], None
         columns = ["backend", "layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
                    "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest",
                    "sync/copy"]
         print(" ".join(f"{c:>{max(len(c), 7)}}" for c in columns))
-        for backend, layout in [(b, lay) for lay in args.layouts.split(",") for b in args.backend.split(",")]:
+        for backend, layout in [(b, lay) for lay in layouts.split(",") for b in backends.split(",")]:
             world = LAYOUTS[layout][0]
             with tempfile.TemporaryDirectory() as out:
                 cmd = [*torchrun(world), __file__, "--rank-of", layout, "--ckpt", ckpt, "--out", out,
@@ -211,9 +226,12 @@ def main() -> int:
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:
                     print(f"{backend} {layout}: failed\n{proc.stderr[-3000:]}")
+                    failed.append(f"{backend} {layout}")
                     continue
                 ranks = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
             worst = max(ranks, key=lambda r: r["ratio"])
+            if worst_ratio is None or worst["ratio"] > worst_ratio[0]:
+                worst_ratio = (worst["ratio"], backend, layout)
             params = worst["bytes"] // (4 if args.dtype == "float32" else 2)
             mb = 1 << 20
             row = [backend, layout, f"{worst['sync_s']:.2f}", f"{worst['producer_s']:.2f}", f"{worst['peer_s']:.2f}",
@@ -228,6 +246,10 @@ def main() -> int:
         if params:
             print(f"model: {params / 1e6:.0f}M parameters ({args.dtype}), bucket {args.bucket_mb} MB, "
                   "rollout TP=1 per rank")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
+    print(f"worst sync/ingest {worst_ratio[0]:.2f}x ({worst_ratio[1]} {worst_ratio[2]})")
     return 0
 
 

@@ -81,7 +81,7 @@ def answer_before_tail(responses: list[str], metadata: list[dict]) -> list[float
 
 @hookimpl
 def rlcore_agents():
-    return [AgentSpec("long_tail", LongTail)]
+    return [AgentSpec("long_tail", lambda model_path, cfg, registry: LongTail(model_path))]
 
 
 @hookimpl

@@ -1,0 +1,51 @@
+"""Every bench/ script run in its smoke mode (``--smoke``: the real code path end to end at the smallest size) as a
+user runs it, so that a benchmark cannot rot unseen (bench/load_memory.py once failed on a lost import, and the
+long_tail plugin on a changed ``AgentSpec.build``, with no test to tell). The smoke's numbers mean nothing; what is
+checked is that it ends well and still prints its summary line last."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+RATIO = r"-?\d+\.\d+"
+
+# each script and the shape of its summary line, the last line it prints
+SMOKES = {
+    "async_throughput.py": rf"async speedup n/a quickstart, {RATIO} long-tailed",
+    "checkpoint_save.py": rf"tp2 +\d+M( +{RATIO}){{4}}( +\d+){{2}} +{RATIO}x, {RATIO}x",
+    "dispatch.py": rf"worst dispatch ratio to the copy floor {RATIO}x \(\d+ MB batch, 2 workers\)",
+    "load_memory.py": rf"worst load ratio {RATIO}, worst export ratio {RATIO}",
+    "long_responses.py": rf"logits 32 tokens at a time: -?\d+ MB less peak memory than all at once, {RATIO}x its "
+                         r"throughput",
+    "lora_memory.py": rf"lora optimizer state {RATIO}% of full",
+    "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
+                         r"(NOT )?MET",
+    "weight_push.py": rf"push shm/collectives {RATIO}x",
+    "weight_sync.py": rf"worst sync/ingest {RATIO}x \(vllm tp2\)",
+}
+# modules the scripts use rather than run, and the smokes that run them: process_memory (each process's resident and
+# peak memory) is imported by load_memory and lora_memory; long_tail/bench_long_tail (the long_tail agent and
+# answer_before_tail reward, a plugin through its dist-info on PYTHONPATH) is async_throughput's long-tailed workload
+HELPERS = {"process_memory.py": ["load_memory.py", "lora_memory.py"],
+           "long_tail/bench_long_tail.py": ["async_throughput.py"]}
+
+
+def test_every_bench_script_has_a_smoke():
+    """A script added to bench/ needs a smoke here (or to be a helper of one that has)."""
+    scripts = {str(p.relative_to(BENCH)) for p in BENCH.rglob("*.py")}
+    assert scripts == set(SMOKES) | set(HELPERS)
+    assert {user for users in HELPERS.values() for user in users} <= set(SMOKES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SMOKES))
+def test_smoke(script, tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(SMOKES[script], last), last
