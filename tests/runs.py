@@ -2,10 +2,12 @@
 resume it, the dead-worker test kills one of its Ray workers."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -108,3 +110,45 @@ def install_distribution(root, dist, module, body, entry="fake"):
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 9.9\n")
     (info / "entry_points.txt").write_text(f"[rlcore]\n{entry} = {module}\n")
     (root / f"{module}.py").write_text(body)
+
+
+def shared_tmp(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this test run sees (the workers' base temps are its subfolders);
+    without xdist, this process's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_warm_start_cache(tmp_path_factory, preset: str, plugins: list[str]) -> Path:
+    """This test process's warm-start cache, holding ``preset``'s starting checkpoint from the start (``plugins``:
+    those its runs load). That entry, which the preset's runs start from, is built once for the whole test run: under
+    a file lock in a folder every xdist worker sees, by the first worker to get here, while the other waits; each
+    worker gets a copy (4 MB). The cache itself is not shared: rlcore publishes an entry it has built by removing any
+    entry of the same settings and renaming its own into place, so two workers building the same settings at once
+    would remove one from under the other's runs."""
+    from filelock import FileLock
+
+    shared = shared_tmp(tmp_path_factory) / f"warm_start_{preset}"
+    with FileLock(f"{shared}.lock"):
+        built = _prepare_model(preset, shared, plugins)
+    cache = tmp_path_factory.mktemp(f"warm_start_cache_{preset}")
+    shutil.copytree(built, cache / os.path.basename(built))
+    return cache
+
+
+def _prepare_model(preset: str, cache, plugins: list[str]) -> str:
+    """The preset's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path."""
+    import torch
+
+    from rlcore.config import load_config
+    from rlcore.plugins import load_plugins
+    from rlcore.rewards import build_rewards
+    from rlcore.warm_start import prepare_model
+
+    cfg = load_config(preset, [f"warm_start.cache_dir={cache}"])
+    registry = load_plugins(plugins).registry
+    task_spec = registry.get("tasks", cfg.task.name)
+    task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
+    with torch.random.fork_rng():       # the worker's random state stays as the tests after it expect
+        return prepare_model(cfg, registry.get("models", cfg.model.family), task,
+                             build_rewards(cfg.task, task_spec.default_reward, task.data_sources(), registry))

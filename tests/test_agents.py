@@ -68,4 +68,4 @@ def test_a_run_names_its_agent_and_an_unknown_one_is_refused(tmp_path):
     cfg = load_config("quickstart", ["rollout.agent=multi_turn_tools", f"run.dir={tmp_path}"])
     with pytest.raises(PluginError, match="no agent named 'multi_turn_tools' is registered \\(registered: "
                                           "single_turn, tools\\)"):
-        Run(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
+        Run(cfg, load_plugins(["qwen3", "grpo", "vllm", "tools"]))

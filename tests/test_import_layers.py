@@ -47,7 +47,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("rlcore.megatron.reshard", "rlcore.weight_sync.transport"): "core/rlcore/megatron/reshard.py:29 (make_exchange)",
     # leaving the core
     ("rlcore.cli", "rlcore.verl.command"): "core/rlcore/cli.py:39, :66, :114 (rlcore run --verl, rlcore verl)",
-    ("rlcore.loop", "rlcore.multiturn.metrics"): "core/rlcore/loop.py:13 (agent_metrics)",
     ("rlcore.verl.groups", "rlcore.verl.translate"): "core/rlcore/verl/groups.py:13, :32 (Line, refusal; closes "
                                                      "translate.py:132 -> groups): lines.py",
 }

@@ -65,6 +65,30 @@ def test_plugin_that_fails_to_import_is_reported_with_its_distribution(site):
     assert "rlcore-broken 9.9" in msg and "no_such_module_xyz" in msg and "ModuleNotFoundError" in msg
 
 
+WIDGET_SPECS = 'from rlcore.hookspecs import hookspec\n@hookspec\ndef rlcore_widgets():\n    """Widgets."""\n'
+WIDGETS = ("import fake_rlcore_widget_specs\nfrom rlcore.hookspecs import hookimpl\n"
+           "class Widget:\n    name = 'w1'\n"
+           "@hookimpl\ndef rlcore_add_hookspecs(pluginmanager):\n"
+           "    pluginmanager.add_hookspecs(fake_rlcore_widget_specs)\n    return {'widgets': 'rlcore_widgets'}\n"
+           "@hookimpl\ndef rlcore_widgets():\n    return [Widget()]\n")
+WIDGET_USER = ("from rlcore.hookspecs import hookimpl\nclass Widget:\n    name = 'w2'\n"
+               "@hookimpl\ndef rlcore_widgets():\n    return [Widget()]\n")
+
+
+def test_a_plugin_brings_its_own_hookspecs_and_registry_kind(site):
+    """As pytest plugins add theirs: the hooks and the registry kind come with the plugin that declares them, for
+    plugins registered before it too ('auser' loads before 'widgets'), and not without it."""
+    (site / "fake_rlcore_widget_specs.py").write_text(WIDGET_SPECS)
+    install_distribution(site, "rlcore-widgets", "fake_rlcore_widgets", WIDGETS, entry="widgets")
+    install_distribution(site, "rlcore-widget-user", "fake_rlcore_widget_user", WIDGET_USER, entry="auser")
+    loaded = load_plugins(["auser", "widgets"])
+    assert sorted(loaded.registry.table("widgets")) == ["w1", "w2"]
+    assert {row["name"]: row["registers"] for row in loaded.describe()}["auser"] == {"widgets": ["w2"]}
+    assert load_plugins(["grpo"]).registry.table("widgets") == {}
+    with pytest.raises(PluginError, match="plugin auser .*: hookimpl 'rlcore_widgets' matches no rlcore hook"):
+        load_plugins(["auser"])
+
+
 TYPO_PLUGIN = ("from rlcore.hookspecs import hookimpl\n"
                "@hookimpl\ndef rlcore_register_modls():\n    return []\n"
                "@hookimpl(optionalhook=True)\ndef rlcore_some_future_hook():\n    pass\n")

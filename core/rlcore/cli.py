@@ -84,11 +84,13 @@ def cmd_run(args) -> int:
 def dry_run(cfg, plugins) -> int:
     from rlcore.config import bind_plugin_section
     from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
+    from rlcore.run import check_agent
     from rlcore.sizing import dry_run as check, read_model_config
 
     reg = plugins.registry
     algorithm = reg.get("algorithms", cfg.algorithm["name"])
     algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
+    check_agent(cfg, reg)
     check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
     hf_config = read_model_config(cfg)
     if cfg.model.path:

@@ -13,12 +13,22 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from rlcore.specs import (AgentSpec, Algorithm, EnvironmentSpec, Logger, ModelSpec, OptimizerSpec, RewardSpec,
-                              RolloutBackendSpec, TaskSpec, ToolParserSpec)
+    from rlcore.specs import (AgentSpec, Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec,
+                              TaskSpec)
 
 PROJECT = "rlcore"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- plugins' own hooks --------------------------------------------------------------------------------------------
+
+@hookspec(historic=True)
+def rlcore_add_hookspecs(pluginmanager: pluggy.PluginManager) -> dict[str, str] | None:
+    """Called as each plugin registers (pytest_addhooks' way): a plugin with extension points of its own adds their
+    specs, ``pluginmanager.add_hookspecs(module)``, and returns the registry kinds its registration hooks fill, kind
+    -> hook name (e.g. ``{"environments": "rlcore_environments"}``); the registry collects them as the core's kinds
+    (``Registry.table(kind)``)."""
 
 
 # --- registration ---------------------------------------------------------------------------------------------------
@@ -40,17 +50,7 @@ def rlcore_rollout_backends() -> list[RolloutBackendSpec]:
 
 @hookspec
 def rlcore_agents() -> list[AgentSpec]:
-    """Agents: how an episode uses the engine (``single_turn`` is built in; multi-turn, tools, environments)."""
-
-
-@hookspec
-def rlcore_environments() -> list[EnvironmentSpec]:
-    """Environments for the ``tools`` agent: a class per episode whose documented methods are tools."""
-
-
-@hookspec
-def rlcore_tool_parsers() -> list[ToolParserSpec]:
-    """How tool calls are written in a model's output (``hermes``, Qwen's ``<tool_call>{json}</tool_call>``, built in)."""
+    """Agents: how an episode uses the engine (``single_turn`` is built in; ``tools``: rlcore-agent-tools)."""
 
 
 @hookspec

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from rlcore import checkpoint
 from rlcore.evaluation import evaluate
-from rlcore.multiturn.metrics import agent_metrics
 from rlcore.rewards import Scores
 from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory, to_batch
@@ -37,7 +36,7 @@ def step(run: "Run", number: int) -> dict[str, float]:
         run.plugins.hook.rlcore_rollout_end(step=number, batch=batch)
         metrics.update(run.learner.update(batch, number, timer))
         metrics.update(length_metrics(trajectories, batch))
-        metrics.update(agent_metrics(trajectories))
+        metrics.update(run.agent.metrics(trajectories) if run.agent.metrics else {})
     run.source.weights_updated(run.learner.version, number, timer, metrics)
     metrics.update({f"time/{k}": v for k, v in timer.seconds.items()})
     return metrics

@@ -95,10 +95,20 @@ def _did_you_mean(name: str, known: list[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else f"rlcore's hooks: {', '.join(known)}"
 
 
+def _declare_kinds(kinds: dict[str, str], declared: dict[str, str]) -> None:
+    for kind, hook_name in declared.items():
+        if kinds.get(kind, hook_name) != hook_name:
+            raise PluginError(f"two registry kinds named {kind!r}: filled by {kinds[kind]!r} and {hook_name!r}")
+        kinds[kind] = hook_name
+
+
 def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
     """Load the built-ins plus the selected entry points (all installed ones when ``selected`` is None)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    kinds = dict(KINDS)           # + the kinds plugins declare with hookspecs of their own, as they register
+    pm.hook.rlcore_add_hookspecs.call_historic(kwargs=dict(pluginmanager=pm),
+                                               result_callback=lambda declared: _declare_kinds(kinds, declared))
     available = installed_entry_points()
     if selected is not None:
         unknown = [n for n in selected if n not in available]
@@ -120,7 +130,7 @@ def load_plugins(selected: list[str] | None = None) -> LoadedPlugins:
     _check_hook_names(pm)
 
     registry = Registry()
-    for kind, hook_name in KINDS.items():
+    for kind, hook_name in kinds.items():
         for impl in getattr(pm.hook, hook_name).get_hookimpls():
             for item in impl.function() or []:
                 registry.add(kind, item, impl.plugin_name)

@@ -3,6 +3,7 @@ directory, the starting model, the workers, the rollout source, the learner and 
 the HF export and the summary. The loop itself is ``rlcore.loop``."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rlcore import checkpoint
 from rlcore.checkpoint import Checkpointer, resolve_resume
-from rlcore.config import Config, bind_plugin_section, check_runnable_here, save_config, to_dict
+from rlcore.config import Config, bind_agent, bind_plugin_section, check_runnable_here, save_config, to_dict
 from rlcore.errors import RlcoreError
 from rlcore.learner import Learner
 from rlcore.plugins import LoadedPlugins
@@ -21,6 +22,7 @@ from rlcore.rewards import build_rewards
 from rlcore.rollout.colocated import ColocatedSource
 from rlcore.rollout.source import Source
 from rlcore.rollout_correction import async_default, check_old_logprobs_source
+from rlcore.specs import AgentSpec
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ class Run:
         for kind, name in (("rollout_backends", cfg.rollout.backend), ("agents", cfg.rollout.agent),
                            ("optimizers", cfg.actor.optim.name)):
             reg.get(kind, name)        # an unknown name is refused here, before anything starts
+        self.agent = check_agent(cfg, reg)
         check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
         self._workers: WorkerGroup | None = None
         self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
@@ -202,6 +205,19 @@ class Run:
             if group is not None:
                 group.stop()
         self._workers = self.critic = self.rollout = None
+
+
+def check_agent(cfg: Config, reg) -> AgentSpec:
+    """The run's agent; its ``agent:`` section bound (a bad key or value refused in one line naming it) and the
+    names it holds checked (an environment, a parser), before anything starts. The bound section is the run's, with
+    its defaults, as run.json and checkpoints record it."""
+    agent = reg.get("agents", cfg.rollout.agent)
+    agent_cfg = bind_agent(agent, cfg.agent)
+    if agent_cfg is not None:
+        cfg.agent = dataclasses.asdict(agent_cfg)
+    if agent.check is not None:
+        agent.check(agent_cfg, reg)
+    return agent
 
 
 def run_directory(cfg) -> str:

@@ -157,29 +157,25 @@ class Agent(abc.ABC):
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """build(model_path, cfg, registry) -> Agent (``model_path`` holds the tokenizer and chat template an agent may
-    need; ``cfg`` is the run's config, ``registry`` what the plugins registered, e.g. its environments)."""
+    """build(model_path, cfg, registry[, agent_cfg=]) -> Agent (``model_path`` holds the tokenizer and chat template an
+    agent may need; ``cfg`` is the run's config, ``registry`` what the plugins registered, e.g. its environments).
+    config_cls: the dataclass of the run's ``agent:`` section for this agent, bound as ``algorithm:`` is to the
+        algorithm's (a bad key or value: one ConfigError naming it); then ``build`` gets it as ``agent_cfg=`` (the
+        workers call ``make``, which passes it only then).
+    check(agent_cfg, registry), if given, raises for what the section names that is not registered (an environment,
+        a parser); it runs before any worker or engine starts, and on ``--dry-run``.
+    metrics(trajectories) -> the step's metrics of this agent's episodes, logged with the step's (none if None)."""
     name: str
-    build: Callable[[str, Any, Any], Agent]
+    build: Callable[..., Agent]
+    config_cls: type | None = None
+    check: Callable[[Any, Any], None] | None = None
+    metrics: Callable[[Sequence["Trajectory"]], dict[str, float]] | None = None
 
-
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """An environment a tool-using agent talks to. ``make(options)`` returns a fresh environment for one episode
-    (``options``: the run's ``agent.options``): an object with ``reset(**row) -> str | None`` (the episode's task
-    row; an optional first observation) whose public, type-hinted, documented methods are its tools, and optionally
-    ``reward() -> float | dict[str, float]`` (read when the episode ends, for the ``environment`` reward)."""
-    name: str
-    make: Callable[[dict], Any]
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class ToolParserSpec:
-    """How tool calls are written in a model's output. ``parse(text) -> list[ToolCall]`` (``rlcore.multiturn.tools``):
-    every call in one assistant turn, a malformed one as a ``ToolCall`` with ``error`` set (never an exception)."""
-    name: str
-    parse: Callable[[str], list]
+    def make(self, model_path: str, cfg: Any, registry: Any, agent_cfg: Any = None) -> Agent:
+        """``build``, given ``agent_cfg`` (the bound ``agent:`` section) when the agent declares a config_cls."""
+        if self.config_cls is None:
+            return self.build(model_path, cfg, registry)
+        return self.build(model_path, cfg, registry, agent_cfg=agent_cfg)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,8 @@
 """The built-in plugin: always loaded, whatever --plugins selects."""
 from rlcore.hookspecs import hookimpl
-from rlcore.multiturn.agent import TOOLS
-from rlcore.multiturn.sandbox import PYTHON
-from rlcore.multiturn.tools import HERMES
-from rlcore.multiturn.verl_tools import VERL_TOOLS
 from rlcore.rollout.agents import SINGLE_TURN
 from rlcore_plugins import loggers, optimizers, rewards, trackers
-from rlcore_plugins.tasks import arithmetic, dataset, tool_arithmetic
+from rlcore_plugins.tasks import arithmetic, dataset
 
 
 @hookimpl
@@ -16,22 +12,12 @@ def rlcore_optimizers():
 
 @hookimpl
 def rlcore_agents():
-    return [SINGLE_TURN, TOOLS]
-
-
-@hookimpl
-def rlcore_environments():
-    return [tool_arithmetic.CALCULATOR, PYTHON, VERL_TOOLS]
-
-
-@hookimpl
-def rlcore_tool_parsers():
-    return [HERMES]
+    return [SINGLE_TURN]
 
 
 @hookimpl
 def rlcore_tasks():
-    return [arithmetic.ADDITION, dataset.DATASET, tool_arithmetic.TOOL_ARITHMETIC]
+    return [arithmetic.ADDITION, dataset.DATASET]
 
 
 @hookimpl

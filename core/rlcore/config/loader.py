@@ -120,10 +120,6 @@ def _one_value_as_list(schema: DictConfig, given: DictConfig) -> None:
 
 _RULES = [  # (key, predicate, what is allowed)
     ("run.seed", lambda v: v >= 0, "an integer >= 0"),
-    ("agent.max_turns", lambda v: v >= 1, "an integer >= 1"),
-    ("agent.max_tool_response_tokens", lambda v: v >= 2, "an integer >= 2 (a result is cut to its head and tail)"),
-    ("agent.max_parallel_calls", lambda v: v >= 1, "an integer >= 1"),
-    ("agent.tool_timeout_s", lambda v: v > 0, "a number of seconds > 0"),
     *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic") for key, ok, allowed in [
         ("micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("max_tokens_per_micro_batch", lambda v: v >= 0, "an integer >= 0 (0 = micro_batch_size rows each)"),
@@ -303,6 +299,12 @@ def bind_plugin_section(section: str, options: dict, config_cls: type) -> Any:
         raise ConfigError(str(err).replace("config key '", f"config key '{section}.", 1)) from e
 
 
+def bind_agent(spec, section: dict) -> Any:
+    """The ``agent:`` section bound to the run's agent's ``config_cls`` (``AgentSpec``), as ``algorithm:`` is to the
+    algorithm's; None for an agent that declares none (its section is left as given)."""
+    return None if spec.config_cls is None else bind_plugin_section("agent", dict(section), spec.config_cls)
+
+
 def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
@@ -322,5 +324,19 @@ def save_config(cfg: Config, path: str) -> None:
     OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
 
 
-def help_text() -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(Config))
+def help_text(registry=None) -> str:
+    """Every config key with its default; the ``agent:`` section with the defaults of the agents that declare one
+    (``AgentSpec.config_cls``) of ``registry``, by default every installed plugin's."""
+    if registry is None:
+        from rlcore.plugins import load_plugins
+
+        registry = load_plugins().registry
+    schema = OmegaConf.structured(Config)
+    agent: dict = {}
+    for spec in registry.agents.values():
+        defaults = OmegaConf.to_container(OmegaConf.structured(spec.config_cls)) if spec.config_cls else {}
+        assert isinstance(defaults, dict)
+        for key, default in defaults.items():
+            agent.setdefault(key, default)
+    schema.agent = agent
+    return OmegaConf.to_yaml(schema)

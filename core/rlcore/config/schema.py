@@ -177,20 +177,6 @@ class RolloutConfig:
 
 
 @dataclass
-class AgentConfig:
-    """The ``tools`` agent (rollout.agent=tools): turns of the policy's output and an environment's tool results, all
-    within rollout.max_response_len tokens (sampled and observed) per episode."""
-    environment: str = ""         # a registered environment (rlcore_environments): one per episode, its methods tools
-    options: Dict[str, Any] = field(default_factory=dict)   # given to the environment's make
-    parser: str = "hermes"        # how tool calls are written in the output (a registered tool parser)
-    max_turns: int = 4            # assistant turns per episode
-    max_tool_response_tokens: int = 256   # a longer tool result is cut in the middle (agent/truncated_results)
-    max_parallel_calls: int = 1   # tool calls run per turn; the rest are answered with an error the model reads
-    tool_timeout_s: float = 10.0  # a tool still running after this is answered with a timeout error
-    template_kwargs: Dict[str, Any] = field(default_factory=dict)   # for the chat template, e.g. {enable_thinking: false}
-
-
-@dataclass
 class TaskConfig:
     name: str = "addition"        # a registered task
     reward: str = ""              # a registered reward for every row; empty = the task's default (the dataset
@@ -246,7 +232,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: Dict[str, Any] = field(default_factory=dict)  # the options of rollout.agent, bound to its own dataclass
     task: TaskConfig = field(default_factory=TaskConfig)
     algorithm: Dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})  # name + the algorithm's options
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from rlcore.config import Config
+from rlcore.config import Config, bind_agent
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory, episode_samples
 
@@ -59,7 +59,8 @@ class RolloutWorker:
             seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=False,
             **({"load_weights": False} if self.engine_dir else {}), **engine_lora(cfg))
         self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
-        self.agent = registry.get("agents", cfg.rollout.agent).build(self.model_path, cfg, registry)
+        agent = registry.get("agents", cfg.rollout.agent)
+        self.agent = agent.make(self.model_path, cfg, registry, bind_agent(agent, cfg.agent))
         self.stats_read = time.perf_counter()
         started = []
         for child in psutil.Process().children(recursive=True):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.config import Config, bind_plugin_section
+from rlcore.config import Config, bind_agent, bind_plugin_section
 from rlcore.data import Batch, build_sequences
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
@@ -315,7 +315,8 @@ class ActorRolloutWorker(ActorWorker):
             weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
             seed=cfg.run.seed, max_model_len=self.hf_config["max_position_embeddings"], distributed=world_size > 1,
             **({"load_weights": False} if weightless else {}), **engine_lora(cfg))
-        self.agent = self.registry.get("agents", cfg.rollout.agent).build(model_path, cfg, self.registry)
+        agent = self.registry.get("agents", cfg.rollout.agent)
+        self.agent = agent.make(model_path, cfg, self.registry, bind_agent(agent, cfg.agent))
         self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload,
                                    adapters=self.adapter_sync)
 

@@ -1,5 +1,5 @@
-"""Tools: an environment's documented methods as JSON-schema'd functions, the tool calls read from a model's output,
-and a tool's result as the text the model sees.
+"""Tools: an environment's documented methods as JSON-schema'd functions, and a tool's result as the text the model
+sees (the tool calls read from a model's output: ``hermes``).
 
 An environment is a plain class (as TRL's ``environment_factory``): ``reset(**row)`` plus public, type-hinted,
 documented methods; each method is a tool whose schema comes from its signature and its docstring, so what the model
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Union
 
 from rlcore.errors import PluginError
-from rlcore.specs import ToolParserSpec
 
 # Methods every environment may have that the agent calls itself; they are never offered to the model.
 RESERVED_METHODS = frozenset({"reset", "reward", "close"})
@@ -40,7 +39,7 @@ class Tool:
     def check(self, arguments: dict) -> str:
         """"" if ``arguments`` fit the schema, else one line the model reads (the first problem found)."""
         if not isinstance(arguments, dict):
-            return f"{self.name}: arguments must be a JSON object, got {_json_type(arguments)}"
+            return f"{self.name}: arguments must be a JSON object, got {json_type(arguments)}"
         properties = self.parameters.get("properties", {})
         for key in arguments:
             if key not in properties:
@@ -215,7 +214,7 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(first), arguments
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     """How the model would name the JSON type of a parsed value ("an integer", "a string", ...)."""
     for kind in ("boolean", "integer", "number", "string", "array", "object", "null"):
         if _FITS[kind](value):
@@ -245,10 +244,10 @@ def _mismatch(value: Any, schema: dict) -> str:
         if all(problems):
             typed = [p for o, p in zip(options, problems) if _kinds(o) and _fits_kind(value, _kinds(o))]
             return typed[0] if len(typed) == 1 else f"must be {_either(sum(map(_kinds, options), []))}, " \
-                f"got {_json_type(value)}"
+                f"got {json_type(value)}"
     kinds = _kinds(schema)
     if kinds and not _fits_kind(value, kinds):
-        return f"must be {_either(kinds)}, got {_json_type(value)}"
+        return f"must be {_either(kinds)}, got {json_type(value)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)}"
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
@@ -299,80 +298,3 @@ def tool_result_text(result: Any) -> str:
     if isinstance(result, (dict, list)):
         return json.dumps(result, ensure_ascii=False, default=str)
     return str(result)
-
-
-@dataclass
-class ToolCall:
-    """One tool call read from the model's output. ``error``: why it could not be read (the model sees it as the
-    call's result, and it is counted); ``name`` is kept when it was readable, so errors count per tool."""
-    name: str
-    arguments: dict
-    error: str = ""
-    id: str = ""
-
-
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-
-
-def _call_blocks(text: str) -> list[tuple[int, int, Any, str]]:
-    """(start, end, parsed JSON, problem) of each ``<tool_call>`` block, in order; ``end`` is past its closing tag
-    (the text's end for an unclosed one). A closing tag inside a JSON string (code that prints one) does not end
-    the block: the first closing tag after which the body parses does."""
-    blocks = []
-    start = text.find(_OPEN)
-    while start >= 0:
-        body = start + len(_OPEN)
-        close = text.find(_CLOSE, body)
-        if close < 0:
-            blocks.append((start, len(text), None, f"unclosed {_OPEN}: end every call with {_CLOSE}"))
-            break
-        parsed, problem = None, ""
-        try:
-            parsed = json.loads(text[body:close])
-        except json.JSONDecodeError as e:
-            problem = f"the tool call is not valid JSON ({e.msg} at character {e.pos})"
-            later = text.find(_CLOSE, close + len(_CLOSE))
-            while later >= 0 and text.find(_OPEN, body, later) < 0:
-                try:
-                    parsed, close, problem = json.loads(text[body:later]), later, ""
-                    break
-                except json.JSONDecodeError:
-                    later = text.find(_CLOSE, later + len(_CLOSE))
-        blocks.append((start, close + len(_CLOSE), parsed, problem))
-        start = text.find(_OPEN, close + len(_CLOSE))
-    return blocks
-
-
-def hermes_calls(text: str) -> list[ToolCall]:
-    """Qwen2.5 / Qwen3 / Hermes format: each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in the
-    text, in order. Bad JSON, a missing name, arguments that are not an object, an unclosed tag: a ToolCall with
-    ``error`` set (missing arguments are no arguments)."""
-    return [ToolCall("", {}, error=problem) if problem else _hermes_call(parsed)
-            for _, _, parsed, problem in _call_blocks(text)]
-
-
-def _hermes_call(parsed: Any) -> ToolCall:
-    expected = 'write {"name": "<tool>", "arguments": {...}}'
-    if not isinstance(parsed, dict):
-        return ToolCall("", {}, error=f"the tool call is {_json_type(parsed)}, not an object; {expected}")
-    name = parsed.get("name")
-    if not isinstance(name, str) or not name:
-        return ToolCall("", {}, error=f'the tool call has no "name"; {expected}')
-    arguments = parsed.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return ToolCall(name, {}, error=f'{name}: "arguments" must be a JSON object, got {_json_type(arguments)}')
-    return ToolCall(name, arguments)
-
-
-def content_before_calls(text: str) -> str:
-    """The assistant's text outside its ``<tool_call>`` blocks (stripped pieces joined by newlines). Chat
-    templates write a message's content before its calls, so text written between or after calls moves there."""
-    pieces, position = [], 0
-    for start, end, _, _ in _call_blocks(text):
-        pieces.append(text[position:start])
-        position = end
-    pieces.append(text[position:])
-    return "\n".join(p.strip() for p in pieces if p.strip())
-
-
-HERMES = ToolParserSpec("hermes", hermes_calls)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Callable
 
-from rlcore.multiturn.chat import ChatTokens, Transcript
+from rlcore_agent_tools.chat import ChatTokens, Transcript
 
 # ---- tokenizers of the families --------------------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ _WORDS = ["the", "sum", "of", "is", "multiply", "result", "let", "me", "check", 
 
 def chat_template(name: str) -> str:
     """A bundled chat template (chat_templates/<name>), as published."""
-    return resources.files("rlcore.testing").joinpath("chat_templates", name).read_text(encoding="utf-8")
+    return resources.files("rlcore_agent_tools.testing").joinpath("chat_templates", name).read_text(encoding="utf-8")
 
 
 def family_tokenizer(family: str):

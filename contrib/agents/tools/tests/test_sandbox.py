@@ -1,4 +1,4 @@
-"""The Python sandbox (rlcore.multiturn.sandbox) contains what a policy's code may do: real subprocesses, real
+"""The Python sandbox (rlcore_agent_tools.jail, python_env) contains what a policy's code may do: real subprocesses, real
 limits. Every runaway here is also bounded by the test's own code, so a broken sandbox cannot take the machine down."""
 import concurrent.futures
 import os
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from rlcore.multiturn.sandbox import Limits, PythonEnvironment, protections, run_python
+from rlcore_agent_tools.jail import Limits, protections, run_python
+from rlcore_agent_tools.python_env import PythonEnvironment
 
 FAST = Limits(cpu_seconds=1, wall_seconds=10)
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, Coroutine, Iterable
 import yaml
 
 from rlcore.errors import ConfigError
-from rlcore.multiturn.tools import Tool
-from rlcore.specs import EnvironmentSpec
+from rlcore_agent_tools.specs import EnvironmentSpec
+from rlcore_agent_tools.tools import Tool
 
 TOOL_KEYS = ("class_name", "config", "tool_schema")
 TOOLS_KWARGS_KEYS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "release_kwargs")

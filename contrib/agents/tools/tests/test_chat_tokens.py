@@ -1,4 +1,4 @@
-"""The chat-template token layer (rlcore.multiturn.chat) and the token-exactness contract (issue 27): the contract
+"""The chat-template token layer (rlcore_agent_tools.chat) and the token-exactness contract (issue 27): the contract
 passes for the published Qwen3 (thinking on and off), Qwen2.5 and DeepSeek-V3 templates on tokenizers trained here,
 and fails, showing where, for renderers that drift as verl#6501 and TRL#5144 did."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ import functools
 
 import pytest
 
-from rlcore.multiturn.chat import ChatTokens, Transcript
-from rlcore.testing.chat_contract import (FAMILIES, DroppedBoundaryChat, check_token_exactness, family_tokenizer,
+from rlcore_agent_tools.chat import ChatTokens, Transcript
+from rlcore_agent_tools.testing.chat_contract import (FAMILIES, DroppedBoundaryChat, check_token_exactness, family_tokenizer,
                                           random_conversations, reencoding_transcript)
 
 CONVERSATIONS = 60

@@ -1,4 +1,4 @@
-"""Built-in tool task: multiplication of 3-digit numbers, which a tiny model cannot do unaided, with a ``calculator``
+"""The tool task: multiplication of 3-digit numbers, which a tiny model cannot do unaided, with a ``calculator``
 environment whose ``multiply`` tool can. The model is built locally with a tokenizer and chat template of its own
 (Qwen's turn markers and tool-call tags, one token per character otherwise); a warm start on synthetic traces
 teaches the format, most of them answering unaided (wrong, nearly always) and ``tool_frac`` of them calling the
@@ -11,7 +11,8 @@ import string
 from dataclasses import dataclass
 
 from rlcore.errors import ConfigError
-from rlcore.specs import EnvironmentSpec, Task, TaskSpec
+from rlcore.specs import Task, TaskSpec
+from rlcore_agent_tools.specs import EnvironmentSpec
 
 EVAL_SPLIT_SEED = 4321
 EOS, PAD, START = "<|im_end|>", "<|endoftext|>", "<|im_start|>"

@@ -1,4 +1,4 @@
-"""The tools agent's turn logic (rlcore.multiturn.agent), on a scripted engine: each turn's output is given, so every
+"""The tools agent's turn logic (rlcore_agent_tools.agent), on a scripted engine: each turn's output is given, so every
 rule is checked exactly — the trajectory is the engine's tokens with the template's observations between them, every
 kind of tool failure is an observation the model reads and is counted, results are cut to size, the episode stays in
 its token budget, and a template that cannot be extended starts a new training sample. The real engines, the loop and
@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from rlcore.errors import RlcoreError
-from rlcore.multiturn.agent import ToolAgent
-from rlcore.multiturn.chat import ChatTokens
-from rlcore.multiturn.metrics import agent_metrics
-from rlcore.multiturn.tools import hermes_calls
 from rlcore.specs import Completion, RolloutBackend, Sampling
 from rlcore.trajectory import episode_samples, episodes_of
-from rlcore_plugins.tasks.tool_arithmetic import write_tool_tokenizer
+from rlcore_agent_tools.agent import ToolAgent
+from rlcore_agent_tools.chat import ChatTokens
+from rlcore_agent_tools.hermes import hermes_calls
+from rlcore_agent_tools.metrics import agent_metrics
+from rlcore_agent_tools.tasks.tool_arithmetic import write_tool_tokenizer
 
 LOGPROB = -0.25
 

@@ -21,7 +21,7 @@ AGENT_KEYS = ("agent/turns_mean", "agent/turns_max", "agent/tool_calls_mean", "a
               "agent/truncated_results", "agent/cut_by_budget", "agent/split_samples")
 
 
-def tool_run(run_dir, cache, *extra, plugins="qwen3,grpo,vllm"):
+def tool_run(run_dir, cache, *extra, plugins="qwen3,grpo,vllm,tools"):
     """The tool-calculator preset for STEPS steps, checkpoints every EVERY, evaluated every 4 (``extra``:
     overrides), or ``--resume`` of ``run_dir``."""
     return rlcore_run(run_dir, cache, *extra, preset=PRESET, plugins=plugins)
@@ -89,7 +89,7 @@ FLAKY_CALCULATOR = '''"""The calculator, flaky: multiply raises or straggles, by
 import time
 
 from rlcore.hookspecs import hookimpl
-from rlcore.specs import EnvironmentSpec
+from rlcore_agent_tools.specs import EnvironmentSpec
 
 
 class FlakyCalculator:
@@ -127,7 +127,7 @@ def test_crashing_and_straggling_tools_are_counted_error_observations_under_ppo(
                          entry="flaky_calculator")
     run_dir = tmp_path / "run"
     run_to_end(short(run_dir, tool_warm_start_cache, "algorithm.name=ppo", "agent.environment=flaky_calculator",
-                     "agent.tool_timeout_s=0.5", plugins="qwen3,grpo,ppo,vllm,flaky_calculator"),
+                     "agent.tool_timeout_s=0.5", plugins="qwen3,grpo,ppo,vllm,tools,flaky_calculator"),
                env=with_plugins_on_path(site))
     history = logged(run_dir)
     assert [h["step"] for h in history] == [1, 2]
@@ -228,7 +228,7 @@ def test_a_verl_multi_turn_parquet_file_runs_through_the_tools_agent_on_sglang(t
                      "task.name=dataset", f"task.options.train_files=[{tmp_path / 'train.parquet'}]",
                      "task.reward=final_answer", "agent.environment=verl_tools",
                      f"agent.options.tool_config_path={config}", "rollout.backend=sglang",
-                     plugins="qwen3,grpo,sglang"), env=with_plugins_on_path(site))
+                     plugins="qwen3,grpo,sglang,tools"), env=with_plugins_on_path(site))
     history = logged(run_dir)
     assert [h["step"] for h in history] == [1, 2]
     assert_agent_metrics_logged(history)

@@ -8,10 +8,10 @@ from typing import Any, Literal, Optional
 import pytest
 
 from rlcore.errors import ConfigError, PluginError
-from rlcore.multiturn.tools import (HERMES, Tool, ToolCall, content_before_calls, environment_tools, hermes_calls,
-                                    tool_result_text)
-from rlcore.multiturn.verl_tools import (VERL_TOOLS, ToolKwargs, VerlToolEnvironment, read_verl_tool_config,
-                                         split_tools_kwargs)
+from rlcore_agent_tools.hermes import HERMES, ToolCall, content_before_calls, hermes_calls
+from rlcore_agent_tools.tools import Tool, environment_tools, tool_result_text
+from rlcore_agent_tools.verl_tools import (VERL_TOOLS, ToolKwargs, VerlToolEnvironment, read_verl_tool_config,
+                                           split_tools_kwargs)
 
 
 class Library:
@@ -224,10 +224,11 @@ def test_a_call_without_arguments_has_none():
     assert hermes_calls('<tool_call>{"name": "opening_hours"}</tool_call>') == [ToolCall("opening_hours", {})]
 
 
-def test_the_built_in_plugin_registers_the_hermes_parser():
+def test_the_tools_plugin_registers_the_hermes_parser_and_only_it():
     from rlcore.plugins import load_plugins
 
-    assert load_plugins(["grpo"]).registry.get("tool_parsers", "hermes") is HERMES
+    assert load_plugins(["tools"]).registry.get("tool_parsers", "hermes") is HERMES
+    assert load_plugins(["grpo"]).registry.table("tool_parsers") == {}      # the kind comes with its plugin
 
 
 # verl's formats. A tool class as a user's package would define it, with verl's BaseTool methods (verl itself is not

@@ -18,16 +18,42 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Dict
 
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.multiturn.chat import ChatTokens, Transcript
-from rlcore.multiturn.tools import Tool, ToolCall, content_before_calls, environment_tools, tool_result_text
 from rlcore.specs import Agent, AgentSpec, RolloutBackend, Sampling
 from rlcore.trajectory import Trajectory
+from rlcore_agent_tools.chat import ChatTokens, Transcript
+from rlcore_agent_tools.hermes import ToolCall, content_before_calls
+from rlcore_agent_tools.metrics import agent_metrics
+from rlcore_agent_tools.tools import Tool, environment_tools, tool_result_text
 
 TOOL_THREADS = 32       # tools run on threads of the agent's own; a timed-out tool's thread may run on (Python cannot
                         # stop it), so there are more of them than a step keeps busy
+
+
+@dataclass
+class AgentConfig:
+    """The ``agent:`` section of a run with rollout.agent=tools: turns of the policy's output and an environment's tool
+    results, all within rollout.max_response_len tokens (sampled and observed) per episode."""
+    environment: str = ""         # a registered environment (rlcore_environments): one per episode, its methods tools
+    options: Dict[str, Any] = field(default_factory=dict)   # given to the environment's make
+    parser: str = "hermes"        # how tool calls are written in the output (a registered tool parser)
+    max_turns: int = 4            # assistant turns per episode
+    max_tool_response_tokens: int = 256   # a longer tool result is cut in the middle (agent/truncated_results)
+    max_parallel_calls: int = 1   # tool calls run per turn; the rest are answered with an error the model reads
+    tool_timeout_s: float = 10.0  # a tool still running after this is answered with a timeout error
+    template_kwargs: Dict[str, Any] = field(default_factory=dict)   # for the chat template: {enable_thinking: false}
+
+    def __post_init__(self) -> None:
+        for key, ok, allowed in (
+                ("max_turns", self.max_turns >= 1, "an integer >= 1"),
+                ("max_tool_response_tokens", self.max_tool_response_tokens >= 2,
+                 "an integer >= 2 (a result is cut to its head and tail)"),
+                ("max_parallel_calls", self.max_parallel_calls >= 1, "an integer >= 1"),
+                ("tool_timeout_s", self.tool_timeout_s > 0, "a number of seconds > 0")):
+            if not ok:
+                raise ConfigError(f"config key 'agent.{key}' = {getattr(self, key)!r} is not allowed: use {allowed}")
 
 
 @dataclass
@@ -179,13 +205,19 @@ def _assistant(text: str, calls: list[ToolCall]) -> dict:
                            for c in calls if not c.error]}
 
 
-def build_tool_agent(model_path: str, cfg, registry) -> ToolAgent:
-    from transformers import AutoTokenizer
-
-    agent_cfg = cfg.agent
+def check_tool_agent(agent_cfg: AgentConfig, registry) -> None:
+    """The environment and parser the section names are registered (before any worker or engine starts)."""
     if not agent_cfg.environment:
         raise ConfigError("rollout.agent=tools needs agent.environment: the name of a registered environment "
-                          f"(registered: {', '.join(sorted(registry.environments)) or 'none'})")
+                          f"(registered: {', '.join(sorted(registry.table('environments'))) or 'none'})")
+    registry.get("environments", agent_cfg.environment)
+    registry.get("tool_parsers", agent_cfg.parser)
+
+
+def build_tool_agent(model_path: str, cfg, registry, agent_cfg: AgentConfig) -> ToolAgent:
+    from transformers import AutoTokenizer
+
+    check_tool_agent(agent_cfg, registry)
     env_spec = registry.get("environments", agent_cfg.environment)
     parser = registry.get("tool_parsers", agent_cfg.parser)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -196,4 +228,4 @@ def build_tool_agent(model_path: str, cfg, registry) -> ToolAgent:
                      lambda: env_spec.make(options), parser.parse, agent_cfg, max_len)
 
 
-TOOLS = AgentSpec("tools", build_tool_agent)
+TOOLS = AgentSpec("tools", build_tool_agent, config_cls=AgentConfig, check=check_tool_agent, metrics=agent_metrics)
