@@ -45,6 +45,8 @@ def test_out_of_range_value_says_what_is_allowed():
     (["trainer.mode=sync"], "'trainer.mode' = 'sync' is not allowed: use colocated or async"),
     (["trainer.mode=async", "rollout.sync_every=3", "rollout.max_staleness=1"],
      "rollout.sync_every = 3 with rollout.max_staleness = 1: .* set rollout.max_staleness >= 2"),
+    (["trainer.mode=async", "rollout.sync_every=2", "rollout.max_staleness=1", "actor.mini_batches=2"],
+     "rollout.sync_every = 2 with rollout.max_staleness = 1: .* up to 2 versions behind; set rollout.max_staleness >= 2"),
     (["trainer.mode=async", "rollout.world_size=3", "rollout.tp=2"],
      r"rollout.world_size = 3 is not a multiple of rollout.tp = 2 \(async mode"),
 ])

@@ -193,11 +193,14 @@ def check_values(cfg: Config) -> None:
                           "actor.lora.rank (e.g. 16) to train adapters, or leave rollout.lora=merged")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
-    if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < cfg.rollout.sync_every - 1:
+    # versions are optimizer updates (rlcore.rollout.staleness): a step makes up to mini_batches x epochs of them
+    behind = (cfg.rollout.sync_every - 1) * cfg.actor.mini_batches * cfg.actor.epochs
+    if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < behind:
         raise ConfigError(f"rollout.sync_every = {cfg.rollout.sync_every} with rollout.max_staleness = "
-                          f"{cfg.rollout.max_staleness}: pushing weights every {cfg.rollout.sync_every} steps trains "
-                          f"samples up to {cfg.rollout.sync_every - 1} versions behind; set rollout.max_staleness >= "
-                          f"{cfg.rollout.sync_every - 1}")
+                          f"{cfg.rollout.max_staleness}: pushing weights every {cfg.rollout.sync_every} steps of up to "
+                          f"{cfg.actor.mini_batches * cfg.actor.epochs} optimizer updates each (actor.mini_batches x "
+                          f"actor.epochs) trains samples up to {behind} versions behind; set rollout.max_staleness >= "
+                          f"{behind}")
     if cfg.trainer.mode == "async" and cfg.rollout.world_size % cfg.rollout.tp:
         raise ConfigError(f"rollout.world_size = {cfg.rollout.world_size} is not a multiple of rollout.tp = "
                           f"{cfg.rollout.tp} (async mode: world_size / tp engine replicas of tp processes each)")
