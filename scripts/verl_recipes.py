@@ -1,26 +1,28 @@
 """The recipes in configs/ that are verl's Megatron examples translated: configs/verl-<script>.yaml, written by
-`rlcore verl translate` from the scripts as verl publishes them (tests/data/verl/, each headed by its source).
+`rlcore verl translate` from the scripts as verl publishes them (contrib/compat/verl/tests/data/verl/, each headed by
+its source).
 
     python scripts/verl_recipes.py          # rewrite them
     python scripts/verl_recipes.py --check  # exit 1 if one differs from what the translation writes now
 
 Paths under $HOME in the scripts are kept as ~/...; the Qwen3-30B script's validation file comes from a variable it
-never sets ($aime24_test_path), given here as its own TEST_FILE. tests/test_verl_translate.py runs --check."""
+never sets ($aime24_test_path), given here as its own TEST_FILE. contrib/compat/verl/tests/test_verl_translate.py
+checks them."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ROOT / "tests" / "data" / "verl"
+SOURCES = ROOT / "contrib" / "compat" / "verl" / "tests" / "data" / "verl"
 CONFIGS = ROOT / "configs"
 ENV = {"HOME": "~", "aime24_test_path": "~/verl/dataset/aime-2024.parquet"}
 
 
 def recipes() -> dict[Path, str]:
-    """configs/verl-<name>.yaml -> its text, for every script in tests/data/verl."""
+    """configs/verl-<name>.yaml -> its text, for every script in SOURCES."""
     from rlcore.plugins import load_plugins
-    from rlcore.verl.command import translate_script
+    from rlcore_verl.command import translate_script
 
     registry = load_plugins(["qwen3", "deepseek", "qwen2", "llama"]).registry
     out = {}

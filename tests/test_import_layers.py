@@ -45,10 +45,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("rlcore.config.loader", "rlcore.megatron.lora"): "core/rlcore/config/loader.py:251 (LoRAConfig)",
     # the resharder's bucket exchange, which weight_sync/push.py shares, still lives in weight_sync/
     ("rlcore.megatron.reshard", "rlcore.weight_sync.transport"): "core/rlcore/megatron/reshard.py:29 (make_exchange)",
-    # leaving the core
-    ("rlcore.cli", "rlcore.verl.command"): "core/rlcore/cli.py:39, :66, :114 (rlcore run --verl, rlcore verl)",
-    ("rlcore.verl.groups", "rlcore.verl.translate"): "core/rlcore/verl/groups.py:13, :32 (Line, refusal; closes "
-                                                     "translate.py:132 -> groups): lines.py",
 }
 
 

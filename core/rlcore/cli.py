@@ -1,5 +1,6 @@
-"""`rlcore run`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`. User
-mistakes print one line and exit 2; nothing else changes."""
+"""`rlcore run`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`, and the
+commands and `rlcore run` flags plugins add (``rlcore_commands``, ``rlcore_run_dialects``). User mistakes print one
+line and exit 2; nothing else changes."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,8 @@ import json
 import os
 import sys
 import warnings
+
+from rlcore.cli_plugins import plugins_for
 
 
 def _quiet_third_party() -> None:
@@ -23,6 +26,11 @@ def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
+def _dest(dialect) -> str:
+    """Where argparse keeps a dialect flag (apart from the core's own arguments)."""
+    return "dialect_" + dialect.flag.replace("-", "_")
+
+
 def cmd_run(args) -> int:
     if args.help_config:
         from rlcore.config import help_text
@@ -34,15 +42,16 @@ def cmd_run(args) -> int:
     from rlcore.plugins import load_plugins, parse_selection
 
     source, overrides = _split_args(args.args)
-    translation, plugins = None, None
-    if args.verl:                                  # verl keys -> rlcore's, printed once, refused in one line
-        from rlcore.verl.command import run_overrides, summary as verl_table
-
+    plugins = args.loaded_plugins                  # loaded before parsing when a dialect flag was given
+    dialects = [d for d in plugins.registry.run_dialects.values() if getattr(args, _dest(d))] if plugins else []
+    translations = []
+    if dialects:                                   # another framework's keys -> rlcore's, printed once
         if source is not None and source.startswith("~") and not os.path.exists(os.path.expanduser(source)):
             overrides, source = [source, *overrides], None          # hydra's ~key, not a file
-        plugins = load_plugins(parse_selection(args.plugins))
-        overrides, translation = run_overrides(overrides, plugins.registry)
-        print(verl_table(translation))
+        for dialect in dialects:
+            overrides, translation = dialect.translate(overrides, plugins.registry)
+            print(dialect.describe(translation))
+            translations.append((dialect, translation))
     if args.resume:                                # the run's own config, then any overrides
         if source is not None:
             raise ConfigError(f"--resume {args.resume} continues that run with its own config: give key=value "
@@ -62,10 +71,8 @@ def cmd_run(args) -> int:
     from rlcore.run import Run, run_directory
 
     torch.set_num_threads(1)
-    if translation is not None:                    # saved beside the run's config, so its directory is named now
-        from rlcore.verl.command import save
-
-        save(translation, run_directory(cfg))
+    for dialect, translation in translations:     # saved beside the run's config, so its directory is named now
+        dialect.save(translation, run_directory(cfg))
     run = Run(cfg, plugins)                         # unknown families / algorithms / tasks surface here
     try:
         summary = run.train()
@@ -112,12 +119,6 @@ def cmd_diagnose(args) -> int:
 
     source, overrides = _split_args(args.args)
     return diagnose.main(source, overrides, parse_selection(args.plugins), dry_run)
-
-
-def cmd_verl_translate(args) -> int:
-    from rlcore.verl.command import cmd_translate
-
-    return cmd_translate(args)
 
 
 def cmd_plugins(args) -> int:
@@ -186,9 +187,11 @@ def cmd_convert(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    _quiet_third_party()
+def build_parser(loaded=None) -> argparse.ArgumentParser:
+    """The core's commands, and the commands and ``rlcore run`` flags of ``loaded`` (plugins, when loaded)."""
+    registry = loaded.registry if loaded is not None else None
     parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training for LLMs: a core plus plugins.")
+    parser.set_defaults(loaded_plugins=loaded)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train: rlcore run [--plugins=a,b] [config.yaml|preset] [key=value ...]")
     run.add_argument("--plugins", help="comma-separated entry points to load (default: every installed one)")
@@ -197,19 +200,14 @@ def main(argv: list[str] | None = None) -> int:
                      "estimate memory per device and per node; starts nothing, needs no device")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest complete checkpoint, with "
                      "its config (key=value overrides still apply)")
-    run.add_argument("--verl", action="store_true", help="take verl's keys too (as verl.trainer.main_ppo takes "
-                     "them, +key= and ~key included), mixed with rlcore's: each translated, printed and saved in the "
-                     "run directory (verl_translation.txt), or refused in one line")
+    for dialect in registry.run_dialects.values() if registry else ():
+        run.add_argument(f"--{dialect.flag}", action="store_true", dest=_dest(dialect), help=dialect.help)
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
-    verl = sub.add_parser("verl", help="coming from verl: rlcore verl translate <script.sh> [-o out.yaml]")
-    verl_sub = verl.add_subparsers(dest="verl_command", required=True)
-    tr = verl_sub.add_parser("translate", help="a verl example script (its main_ppo overrides, shell variables "
-                             "expanded) as an rlcore YAML recipe, each value commented with its verl key")
-    tr.add_argument("script")
-    tr.add_argument("-o", "--out", help="write the YAML here (default: print it)")
-    tr.add_argument("--plugins", help="the entry points to find model families in (default: every installed one)")
-    tr.set_defaults(func=cmd_verl_translate)
+    for command in registry.commands.values() if registry else ():       # listed after `run`
+        cmd = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(cmd)
+        cmd.set_defaults(func=command.run)
     diag = sub.add_parser("diagnose", help="the installed stack against the tested versions, devices, plugins and "
                           "(given one) a config's checks and memory estimate: rlcore diagnose [config|preset] "
                           "[key=value ...]; exit status 1 if a problem would stop a run")
@@ -255,18 +253,24 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--family", help="model plugin (default: the one registered for the checkpoint's architecture)")
     conv.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
     conv.set_defaults(func=cmd_convert)
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):
-        args.options += extra                      # task options given after the flags
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_third_party()
     from rlcore import logs
-
-    logs.configure()
-
     from rlcore.errors import RlcoreError
 
+    logs.configure()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        loaded = plugins_for(argv)                 # before parsing: the commands and flags plugins add
+        parser = build_parser(loaded)
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command == "dataset" and all("=" in x and not x.startswith("-") for x in extra):
+            args.options += extra                  # task options given after the flags
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.func(args)
     except RlcoreError as e:
         _stop_ray()

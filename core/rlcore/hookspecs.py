@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from rlcore.specs import (AgentSpec, Algorithm, Logger, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec,
-                              TaskSpec)
+    from rlcore.specs import (AgentSpec, Algorithm, CommandSpec, DialectSpec, Logger, ModelSpec, OptimizerSpec,
+                              RewardSpec, RolloutBackendSpec, TaskSpec)
 
 PROJECT = "rlcore"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -71,6 +71,17 @@ def rlcore_tasks() -> list[TaskSpec]:
 @hookspec
 def rlcore_loggers() -> list[type[Logger]]:
     """Metric sink classes (console, JSONL, ...), each with a class attribute ``name``."""
+
+
+@hookspec
+def rlcore_commands() -> list[CommandSpec]:
+    """Subcommands of ``rlcore`` (``rlcore verl translate``: rlcore-verl). The CLI loads the plugins before it parses
+    the command line, so that these appear in ``rlcore --help``."""
+
+
+@hookspec
+def rlcore_run_dialects() -> list[DialectSpec]:
+    """Flags of ``rlcore run`` that read another framework's keys (``--verl``: rlcore-verl)."""
 
 
 # --- lifecycle (observe only; every implementation is called) -------------------------------------------------------

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcore.errors import PluginError
-from rlcore.specs import AgentSpec, Algorithm, ModelSpec, OptimizerSpec, RewardSpec, RolloutBackendSpec, TaskSpec
+from rlcore.specs import (AgentSpec, Algorithm, CommandSpec, DialectSpec, ModelSpec, OptimizerSpec, RewardSpec,
+                          RolloutBackendSpec, TaskSpec)
 
 # registry attribute -> registration hook
 KINDS = {
@@ -20,6 +21,8 @@ KINDS = {
     "rewards": "rlcore_rewards",
     "tasks": "rlcore_tasks",
     "loggers": "rlcore_loggers",
+    "commands": "rlcore_commands",
+    "run_dialects": "rlcore_run_dialects",
 }
 
 
@@ -33,6 +36,8 @@ class Registry:
     rewards: dict[str, RewardSpec] = field(default_factory=dict)
     tasks: dict[str, TaskSpec] = field(default_factory=dict)
     loggers: dict[str, type] = field(default_factory=dict)
+    commands: dict[str, CommandSpec] = field(default_factory=dict)
+    run_dialects: dict[str, DialectSpec] = field(default_factory=dict)
     plugin_kinds: dict[str, dict[str, Any]] = field(default_factory=dict)   # kinds plugins declare: kind -> table
     # (kind, name) -> label of the plugin that registered it, e.g. "qwen3 (rlcore-model-qwen3 0.1.0)"
     owners: dict[tuple[str, str], str] = field(default_factory=dict)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import torch
 
 if TYPE_CHECKING:
+    import argparse
+
     from rlcore.trajectory import Trajectory
 
 
@@ -287,3 +289,34 @@ class Logger(abc.ABC):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+# --- the command line: what plugins add to `rlcore` -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """``rlcore <name> ...``: add_arguments(parser) declares its arguments (subcommands of its own too, with
+    ``parser.add_subparsers``); run(args) -> the exit status. A ``RlcoreError`` it raises is printed as one line, exit
+    2, as the core's commands do. A ``--plugins`` among its arguments selects the plugins it is loaded with."""
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class DialectSpec:
+    """``rlcore run --<flag>``: the run's ``key=value`` arguments may be another framework's keys too.
+    translate(overrides, registry) -> (rlcore overrides, translation): its keys translated (one it cannot translate
+    raises ConfigError, one line), rlcore's own passed on; describe(translation) -> the text printed once before the
+    run starts; save(translation, run_dir) keeps the translation beside the run's config."""
+    flag: str
+    help: str
+    translate: Callable[[Sequence[str], Any], tuple[list[str], Any]]
+    describe: Callable[[Any], str]
+    save: Callable[[Any, str], None]
+
+    @property
+    def name(self) -> str:
+        """The registry's key: the flag without its dashes."""
+        return self.flag

@@ -8,9 +8,9 @@ import math
 import os
 from typing import Any, Callable
 
-from rlcore.verl.keys import (ARR, IGNORED, REFUSED, TRANSLATED, Refused, as_bool, as_float, as_int, as_paths,
+from rlcore_verl.keys import (ARR, IGNORED, REFUSED, TRANSLATED, Refused, as_bool, as_float, as_int, as_paths,
                               as_str)
-from rlcore.verl.translate import Line
+from rlcore_verl.lines import Line, refusal
 
 A = f"{ARR}.actor"
 Group = Callable[[dict[str, Any], dict[str, Any], dict[str, Any], Any], dict[str, Line]]
@@ -29,8 +29,6 @@ def no(key: str, value: Any, why: str) -> Line:
 
 
 def _checked(fn: Callable[[Any], Any], key: str, value: Any) -> Any:
-    from rlcore.verl.translate import refusal
-
     try:
         return fn(value)
     except Refused as e:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlcore.verl.keys import IGNORED
-from rlcore.verl.translate import Translation
+from rlcore_verl.keys import IGNORED
+from rlcore_verl.translate import Translation
 
 SECTION_ORDER = ("run", "model", "actor", "critic", "rollout", "agent", "task", "algorithm", "trainer")
 

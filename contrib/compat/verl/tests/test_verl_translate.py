@@ -1,4 +1,4 @@
-"""Coming from verl (issue 30): verl's keys translated by one table (rlcore.verl.keys). Each row gives its documented
+"""Coming from verl (issue 30): verl's keys translated by one table (rlcore_verl.keys). Each row gives its documented
 rlcore values; unknown and unsupported keys are refused in one line; verl's example scripts (as published, in
 tests/data/verl) translate key for key and pass --dry-run with the parallel layout and offload settings they ask for;
 docs/coming-from-verl.md's table is the table's own rendering."""
@@ -13,14 +13,14 @@ from rlcore.config import load_config
 from rlcore.errors import ConfigError
 from rlcore.plugins import load_plugins
 from rlcore.sizing import dry_run
-from rlcore.verl import doc
-from rlcore.verl.command import run_overrides, translate_script
-from rlcore.verl.keys import IGNORED, REFUSED, TABLE, TRANSLATED, lookup
-from rlcore.verl.script import read_script
-from rlcore.verl.translate import families_of, translate
+from rlcore_verl import doc
+from rlcore_verl.command import run_overrides, translate_script
+from rlcore_verl.keys import IGNORED, REFUSED, TABLE, TRANSLATED, lookup
+from rlcore_verl.script import read_script
+from rlcore_verl.translate import families_of, translate
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "tests" / "data" / "verl"
+ROOT = Path(__file__).resolve().parents[4]                     # the checkout: configs/, docs/, scripts/
+EXAMPLES = Path(__file__).resolve().parent / "data" / "verl"
 ARR = "actor_rollout_ref"
 A = f"{ARR}.actor"
 OTC = f"{A}.megatron.override_transformer_config"
@@ -29,6 +29,14 @@ OTC = f"{A}.megatron.override_transformer_config"
 @pytest.fixture(scope="module")
 def registry():
     return load_plugins(["qwen3", "deepseek", "qwen2", "llama", "grpo", "ppo", "vllm"]).registry
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    """A byte-level BPE tokenizer trained here, with Qwen3's special tokens and a Qwen3-style chat template."""
+    from rlcore.testing.gsm8k import chat_tokenizer
+
+    return chat_tokenizer()
 
 
 def _concrete(verl: str) -> str:
@@ -416,7 +424,7 @@ def test_translate_command_writes_yaml_that_the_dry_run_accepts(tmp_path, monkey
 def test_the_doc_table_is_generated_from_the_table():
     path = ROOT / "docs" / "coming-from-verl.md"
     assert doc.generated_part(str(path)) == doc.render(), \
-        "docs/coming-from-verl.md is stale: run `python -m rlcore.verl.doc docs/coming-from-verl.md`"
+        "docs/coming-from-verl.md is stale: run `python -m rlcore_verl.doc docs/coming-from-verl.md`"
     for row in TABLE:
         assert lookup(_concrete(row.verl)) is row
 

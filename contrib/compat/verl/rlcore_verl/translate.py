@@ -8,27 +8,19 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import yaml
 
 from rlcore.errors import ConfigError
-from rlcore.verl.keys import IGNORED, IMPLIED, REFUSED, TRANSLATED, Key, Refused, key_names, lookup
+from rlcore_verl.groups import GROUPS
+from rlcore_verl.keys import IGNORED, IMPLIED, REFUSED, TRANSLATED, Key, Refused, key_names, lookup
+from rlcore_verl.lines import Line, refusal, show
 
 # top-level sections only verl has; a key under them that the table lacks is an unknown verl key
 VERL_SECTIONS = {"data", "actor_rollout_ref", "reward_model", "custom_reward_function", "ray_kwargs",
                  "global_profiler", "transfer_queue", "reward_manager"}
-
-
-@dataclass
-class Line:
-    """One verl key's fate, as printed and saved."""
-    verl: str
-    value: Any
-    status: str                                   # translated | ignored | refused
-    rlcore: dict[str, Any] = field(default_factory=dict)
-    note: str = ""
 
 
 @dataclass
@@ -45,20 +37,16 @@ class Translation:
         rows = [("verl key", "value", "rlcore")]
         for line in self.lines:
             if line.status == TRANSLATED:
-                target = ", ".join(f"{k}={_show(v)}" for k, v in line.rlcore.items()) or "(no key to set)"
+                target = ", ".join(f"{k}={show(v)}" for k, v in line.rlcore.items()) or "(no key to set)"
                 target += f"  ({line.note})" if line.note else ""
             else:
                 target = f"{line.status}: {line.note}"
-            rows.append((line.verl, _show(line.value), target))
+            rows.append((line.verl, show(line.value), target))
         width = [max(len(r[i]) for r in rows) for i in range(2)]
         return "\n".join(f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [line.__dict__ for line in self.lines]
-
-
-def _show(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
 
 
 def parse_value(text: str) -> Any:
@@ -120,17 +108,10 @@ def _unknown(key: str) -> ConfigError:
                        f"(docs/coming-from-verl.md lists the keys)")
 
 
-def refusal(key: str, value: Any, why: str, closest: str) -> ConfigError:
-    near = f"; closest rlcore setting: {closest}" if closest else ""
-    return ConfigError(f"verl key {key!r} = {_show(value)} is not supported: {why}{near}")
-
-
 def translate(items: Sequence[str], model_families: Callable[[str], list[str]] | None = None) -> Translation:
     """verl ``key=value`` overrides -> rlcore overrides and one Line per key, in the order given. A refusal or an
     unknown key raises ConfigError (one line). ``model_families``: architecture -> the rlcore model families that
     serve it (``families_of(registry)``), to pick model.family from a checkpoint's config."""
-    from rlcore.verl.groups import GROUPS
-
     given: dict[str, Any] = {}
     lines: dict[str, Line] = {}
     order: list[str] = []
@@ -192,9 +173,9 @@ def _single(key: str, value: Any, row: Key) -> Line:
             raise refusal(key, value, e.why, e.closest or ", ".join(row.to)) from None
         return Line(key, value, TRANSLATED, dict(zip(row.to, values)))
     if row.accepts and value not in row.accepts:
-        allowed = " or ".join(_show(a) for a in row.accepts)
+        allowed = " or ".join(show(a) for a in row.accepts)
         raise refusal(key, value, f"{row.why} (only {allowed} has a counterpart)", row.closest)
     if row.status == REFUSED and not row.accepts:
         raise refusal(key, value, row.why, row.closest)
-    why = row.why if row.status == IGNORED else f"{_show(value)} is rlcore's behaviour too ({row.why})"
+    why = row.why if row.status == IGNORED else f"{show(value)} is rlcore's behaviour too ({row.why})"
     return Line(key, value, IGNORED, note=why)

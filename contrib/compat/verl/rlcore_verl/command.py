@@ -6,8 +6,8 @@ import json
 import os
 from typing import Sequence
 
-from rlcore.verl.keys import IGNORED, TRANSLATED
-from rlcore.verl.translate import Translation, families_of, is_verl_key, split_override, translate
+from rlcore_verl.keys import IGNORED, TRANSLATED
+from rlcore_verl.translate import Translation, families_of, is_verl_key, split_override, translate
 
 SAVED_AS = ("verl_translation.txt", "verl_translation.json")
 
@@ -44,8 +44,8 @@ def translate_script(path: str, registry, env: dict[str, str] | None = None,
     """A verl script -> (rlcore YAML, translation, notes on what the shell reader did not run); ``header``: comment
     lines for the top of the YAML."""
     from rlcore.errors import ConfigError
-    from rlcore.verl.recipe import to_yaml
-    from rlcore.verl.script import read_script
+    from rlcore_verl.recipe import to_yaml
+    from rlcore_verl.script import read_script
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -56,6 +56,21 @@ def translate_script(path: str, registry, env: dict[str, str] | None = None,
     translation = translate(script.overrides, families_of(registry))
     title = f"from {os.path.basename(path)} (verl --config-name={script.config_name})"
     return to_yaml(translation, title, header), translation, script.notes
+
+
+def add_arguments(parser) -> None:
+    """``rlcore verl``'s own subcommands."""
+    sub = parser.add_subparsers(dest="verl_command", required=True)
+    tr = sub.add_parser("translate", help="a verl example script (its main_ppo overrides, shell variables expanded) as "
+                        "an rlcore YAML recipe, each value commented with its verl key")
+    tr.add_argument("script")
+    tr.add_argument("-o", "--out", help="write the YAML here (default: print it)")
+    tr.add_argument("--plugins", help="the entry points to find model families in (default: every installed one)")
+
+
+def run(args) -> int:
+    """``rlcore verl <subcommand>``."""
+    return {"translate": cmd_translate}[args.verl_command](args)
 
 
 def cmd_translate(args) -> int:

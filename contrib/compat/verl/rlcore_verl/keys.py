@@ -1,7 +1,7 @@
 """The translation table: every verl key rlcore knows, as data. A key is translated (to rlcore keys, through a value
 conversion), ignored (no effect in rlcore, with the reason) or refused (with the reason and the closest rlcore
 setting). Keys whose meaning needs other keys (a ratio, a switch and its value) name a ``group``: the translator
-reads every key first and then translates each group at once (``rlcore.verl.groups``).
+reads every key first and then translates each group at once (``rlcore_verl.groups``).
 
 Each translated row carries an example, a verl value with the rlcore values it gives, which is what
 docs/coming-from-verl.md shows and what tests/test_verl_translate.py checks, row by row."""
