@@ -33,16 +33,16 @@ KNOWN: dict[tuple[str, str], str] = {
                                                    "workers.group -> workers.worker -> export -> checkpoint)",
     ("rlcore.learner", "rlcore.workers.group"): "core/rlcore/learner/__init__.py:19",
     ("rlcore.rollout.colocated", "rlcore.workers.group"): "core/rlcore/rollout/colocated.py:20",
-    ("rlcore.rollout.queued", "rlcore.workers.group"): "core/rlcore/rollout/queued.py:35 (type), :264 "
-                                                       "(PEER_DEATH_WAIT_S), :380 (_shares, for balance.py)",
+    ("rlcore.rollout.queued", "rlcore.workers.group"): "core/rlcore/rollout/queued.py:35 (type), :263 "
+                                                       "(PEER_DEATH_WAIT_S), :378 (_shares, for balance.py)",
     ("rlcore.rollout.queued", "rlcore.workers.rollout_worker"): "core/rlcore/rollout/queued.py:36 (type)",
-    ("rlcore.loop", "rlcore.run"): "core/rlcore/loop.py:20 (type of the Run it calls back into; closes loop <-> "
-                                   "run with run.py:64): loop.train(parts) inside run.build",
+    ("rlcore.loop", "rlcore.run"): "core/rlcore/loop.py:19 (type of the Run it calls back into; closes loop <-> "
+                                   "run with run.py:68): loop.train(parts) inside run.build",
     # the review's converted.py (ConvertedWeights, MARKER) apart from the convert command; LoRAConfig to lora/config
     ("rlcore.megatron.model", "rlcore.hf_to_megatron"): "core/rlcore/megatron/model.py:18 (ConvertedWeights, "
-                                                        "is_converted; closes hf_to_megatron.py:44,89 -> model)",
+                                                        "is_converted; closes hf_to_megatron.py:52,97 -> model)",
     ("rlcore.config.loader", "rlcore.hf_to_megatron"): "core/rlcore/config/loader.py:15 (MARKER)",
-    ("rlcore.config.loader", "rlcore.megatron.lora"): "core/rlcore/config/loader.py:251 (LoRAConfig)",
+    ("rlcore.config.loader", "rlcore.megatron.lora"): "core/rlcore/config/loader.py:250 (LoRAConfig)",
     # the resharder's bucket exchange, which weight_sync/push.py shares, still lives in weight_sync/
     ("rlcore.megatron.reshard", "rlcore.weight_sync.transport"): "core/rlcore/megatron/reshard.py:29 (make_exchange)",
 }
