@@ -87,7 +87,7 @@ def _is_rlcore_key(key: str) -> bool:
     from rlcore.config.schema import Config
 
     top = key.split(".")[0]
-    if top == "algorithm":                       # plugin-owned: validated by the algorithm's own dataclass
+    if top in ("algorithm", "agent"):            # plugin-owned: validated by the algorithm's / agent's dataclass
         return True
     schema = OmegaConf.structured(Config)
     parts = key.split(".")

@@ -259,8 +259,10 @@ def test_total_epochs_counts_the_training_rows(tmp_path):
 
 def test_run_verl_mixes_rlcore_keys_which_win(registry):
     overrides, t = run_overrides(["data.train_batch_size=64", "trainer.steps=3", "trainer.prompts_per_step=32",
-                                  "actor_rollout_ref.rollout.n=4", "algorithm.kl_coef=0.5"], registry)
+                                  "actor_rollout_ref.rollout.n=4", "algorithm.kl_coef=0.5", "agent.max_turns=2"],
+                                 registry)
     cfg = load_config("quickstart", overrides)
+    assert cfg.agent == {"max_turns": 2}        # the agent's section, bound by its plugin's dataclass
     assert [line.verl for line in t.lines] == ["data.train_batch_size", "actor_rollout_ref.rollout.n",
                                                "actor_rollout_ref.actor.megatron.dtype"]
     assert (cfg.trainer.prompts_per_step, cfg.rollout.n, cfg.trainer.steps, cfg.algorithm["kl_coef"]) == (32, 4, 3, 0.5)
