@@ -90,9 +90,14 @@ def assert_replicas_agree(prints):
 
 # plain TP2 and PP2 run with SGLang generating (test_sglang_layouts.py); vLLM runs their variants: SP, collectives,
 # rollout TP2, uneven stages
-# on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time
+# on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time, each with what covers its parts in every run:
 # (moe-ep2-lora: 114 s beside other jobs; the expert adapters' layouts and PEFT equivalence: test_lora_experts.py)
-VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2", "moe-ep2-lora"]
+# tp2xpp2: test_two_ray_nodes (the same layout and checks, over two raylets); tp2-rollout_tp2: qwen2-tp2-rollout_tp2
+# (the same split on both sides, with QKV biases) and dp2-rollout_tp2 (Qwen3's qk-norms into an engine at TP2);
+# dp2: the TP2 layouts at rollout.tp=1 (two engine replicas fed from two ranks) and test_gradient_equivalence's dp2;
+# tp2-sp: tp2-sp-lora (merged weights pushed from the same TP2 + SP layout)
+VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2", "moe-ep2-lora", "tp2xpp2", "tp2-rollout_tp2",
+                   "dp2", "tp2-sp"]
 VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"} - set(VLLM_ON_REQUEST))
 ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
@@ -132,7 +137,8 @@ def test_tp2xpp2_learns_like_one_process(tmp_path, warm_start_cache):
 
 
 def test_two_ray_nodes(tmp_path, warm_start_cache):
-    """Two raylets on this machine; TP2 x PP2 spread over both nodes trains with checked weight syncs."""
+    """Two raylets on this machine; TP2 x PP2 spread over both nodes trains with checked weight syncs (the checks of
+    test_engine_matches_actor_after_every_sync, whose tp2xpp2 layout this is)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -143,10 +149,12 @@ def test_two_ray_nodes(tmp_path, warm_start_cache):
         cluster.add_node(num_cpus=2)
         summary, prints, history = run_layout(
             tmp_path, warm_start_cache, LAYOUTS["tp2xpp2"] + [f"trainer.ray_address={cluster.address}",
-                                                              "trainer.placement=spread"], steps=2)
+                                                              "trainer.placement=spread"], steps=3)
         assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
         assert len(set(summary["worker_nodes"])) == 2, summary["worker_nodes"]   # workers on both nodes
-        assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
+        assert len(history) == 3
+        assert all(h["check/logprob_max_diff"] < 1e-3 for h in history), [h["check/logprob_max_diff"] for h in history]
+        assert all(h["sync/bytes"] > 0 for h in history[1:])   # steps 2 and 3 pushed the updated weights
         assert_replicas_agree(prints)
     finally:
         ray.shutdown()
