@@ -36,7 +36,9 @@ def quickstart_warm_start(directory, seed: int, perturb: float = 0.0, **settings
                      dataclasses.replace(cfg.warm_start, **settings), cfg.rollout.max_response_len)
 
 
-CASES = {f"seed{s}": dict(seed=s) for s in range(5)} | {"seed0-perturbed-1e-7": dict(seed=0, perturb=1e-7)}
+# seed 0 is the preset's: every end-to-end test's warm-start cache runs it (a missed target is an error there); here
+# two other seeds and the last-bit change that once broke a fixed step count
+CASES = {f"seed{s}": dict(seed=s) for s in (2, 4)} | {"seed0-perturbed-1e-7": dict(seed=0, perturb=1e-7)}
 
 
 @pytest.mark.slow
