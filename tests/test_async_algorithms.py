@@ -60,12 +60,12 @@ CASES = {   # plugins, overrides, what else holds
     "ppo": ("qwen3,ppo,vllm", ["algorithm.name=ppo", "algorithm.kl_coef=0.01", "algorithm.kl_target=0.01"], ppo),
     "rloo": ("qwen3,rloo,vllm", ["algorithm.name=rloo"], rloo),
     "dynamic_sampling": ("qwen3,grpo,vllm", ["algorithm.dynamic_sampling=true"], dynamic_sampling),
-    "sglang": ("qwen3,grpo,sglang", ["rollout.backend=sglang", "trainer.check_logprobs_every=1"], sglang),
+    # SGLang at TP2 checks what a TP1 engine would (its logprobs after every push) and its own two processes
     "sglang_tp2": ("qwen3,grpo,sglang", ["rollout.backend=sglang", "trainer.check_logprobs_every=1",
                                          "rollout.world_size=2", "rollout.tp=2"], sglang_tp2),
 }
 NO_SGLANG = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")
-MARKS = {"sglang": [NO_SGLANG], "sglang_tp2": [NO_SGLANG]}
+MARKS = {"sglang_tp2": [NO_SGLANG]}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=MARKS.get(c, [])) for c in CASES])
