@@ -50,16 +50,23 @@ def wait_until(process, condition, timeout=1200):
 
 
 def kill_when(cmd, condition, timeout=1200):
-    """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw."""
-    process = start(cmd)
-    try:
-        seen = wait_until(process, condition, timeout)
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        return seen
-    finally:
-        if process.poll() is None:
+    """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw. A run that ends
+    first fails the test with the end of its stderr (kept in a temporary file: a pipe nobody reads would block it)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = start(cmd, stderr=stderr)
+        try:
+            seen = wait_until(process, condition, timeout)
             os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return seen
+        except AssertionError as e:
+            stderr.seek(0)
+            raise AssertionError(f"{e}: {stderr.read()[-4000:]}") from None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 def logged(run_dir):

@@ -14,7 +14,7 @@ from runs import async_quickstart, logged, start
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STEPS, BATCH = 5, 16          # BATCH: the quickstart's trainer.prompts_per_step
-LIMIT_S = 120                 # a run takes 25-60 s alone on this machine
+LIMIT_S = 300                 # a run takes 25-60 s alone on this machine; the SGLang TP2 one passed 120 s under CI load
 
 
 def run_within(cmd, limit_s: float) -> subprocess.CompletedProcess:
