@@ -8,13 +8,18 @@ import textwrap
 
 import pytest
 import torch
-from ranks import run_ranks
+from ranks import run_rank_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
+# The jobs of one world size run in one torchrun, one after another (a process start importing Megatron costs far
+# more than these steps); between jobs only Megatron's groups are torn down, and the next model's init_parallel
+# rebuilds them and reseeds. Saves must precede the loads that read them, so three starts: the TP1 saves, then the
+# TP2 x PP2 saves and the loads of the TP1 checkpoints, then the loads of the TP2 x PP2 checkpoints at TP1.
 RANK_SCRIPT = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
+    import json, sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
+    from megatron.core import parallel_state as mpu
     from safetensors.torch import save_file
     from rlcore.config.schema import ActorConfig, LoRASection, OptimConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
@@ -26,77 +31,87 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
-    out, mode, path, ckpt, role, tp, pp = sys.argv[1:6] + [int(x) for x in sys.argv[6:8]]
-    hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                              head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
-    cfg = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-2, clip_grad=0.0),
-                      parallel=ParallelConfig(tp=tp, pp=pp), lora=LoRASection(rank=4 if role == "lora" else 0))
-    cls = MegatronCritic if role == "critic" else MegatronActor
-    # the loading side starts from other weights (seed 1, no checkpoint): everything must come from the load; with
-    # LoRA it starts from the base weights, as a resumed run does (the checkpoint holds the adapters only)
-    model = cls(QWEN3, hf, cfg, SPECS[0], hf_state=read_hf_weights(path) if mode == "save" or role == "lora" else None,
-                seed=0 if mode == "save" else 1)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
-    responses = [torch.randint(1, 16, (2 + i % 4,), generator=g).tolist() for i in range(8)]
-    batch = Batch(build_sequences(prompts, responses, pad_id=0))
-    batch["returns"] = torch.randn(batch["input_ids"].shape, generator=g)
-    dp, rank = model.dp_size, model.dp_rank
-    share = batch.select(range(rank * len(batch) // dp, (rank + 1) * len(batch) // dp))
-    tokens = float(batch["response_mask"].sum())
 
-    def update():
-        if role != "critic":
-            model.train_step(share, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", tokens,
-                                                              len(batch)), {}))
+    def resume(mode, path, ckpt, role, tp, pp):
+        hf = QWEN3.tiny_hf_config(vocab_size=16, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                  head_dim=16, ffn_hidden_size=64, max_position_embeddings=32)
+        cfg = ActorConfig(micro_batch_size=4, optim=OptimConfig(lr=1e-2, clip_grad=0.0),
+                          parallel=ParallelConfig(tp=tp, pp=pp), lora=LoRASection(rank=4 if role == "lora" else 0))
+        cls = MegatronCritic if role == "critic" else MegatronActor
+        # the loading side starts from other weights (seed 1, no checkpoint): everything must come from the load;
+        # with LoRA it starts from the base weights, as a resumed run does (the checkpoint holds the adapters only)
+        model = cls(QWEN3, hf, cfg, SPECS[0],
+                    hf_state=read_hf_weights(path) if mode == "save" or role == "lora" else None,
+                    seed=0 if mode == "save" else 1)
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(1, 16, (3 + i % 3,), generator=g).tolist() for i in range(8)]
+        responses = [torch.randint(1, 16, (2 + i % 4,), generator=g).tolist() for i in range(8)]
+        batch = Batch(build_sequences(prompts, responses, pad_id=0))
+        batch["returns"] = torch.randn(batch["input_ids"].shape, generator=g)
+        dp, rank = model.dp_size, model.dp_rank
+        share = batch.select(range(rank * len(batch) // dp, (rank + 1) * len(batch) // dp))
+        tokens = float(batch["response_mask"].sum())
+
+        def update():
+            if role != "critic":
+                model.train_step(share, lambda lp, mb: (aggregate(-lp, mb["response_mask"], "token-mean", tokens,
+                                                                  len(batch)), {}))
+            else:
+                model.train_step(share, lambda v, mb: (aggregate((v - mb["returns"]).square(), mb["response_mask"],
+                                                                 "token-mean", tokens, len(batch)), {}))
+
+        def view():
+            if role != "critic":
+                return {"logprobs": model.logprobs(batch) * batch["response_mask"],
+                        **{n: t.contiguous().clone() for n, t in model.hf_weights()}}
+            return {"values": model.values(batch) * batch["response_mask"]}
+
+        if mode == "save":
+            for _ in range(3):     # Adam's moments and step count are part of what the next update depends on
+                update()
+            save_model(model, ckpt)
         else:
-            model.train_step(share, lambda v, mb: (aggregate((v - mb["returns"]).square(), mb["response_mask"],
-                                                             "token-mean", tokens, len(batch)), {}))
+            load_model(model, ckpt)
+        loaded = view()
+        update()
+        return {**{f"loaded/{k}": v for k, v in loaded.items()}, **{f"next/{k}": v for k, v in view().items()}}
 
-    def view():
-        if role != "critic":
-            return {"logprobs": model.logprobs(batch) * batch["response_mask"],
-                    **{n: t.contiguous().clone() for n, t in model.hf_weights()}}
-        return {"values": model.values(batch) * batch["response_mask"]}
-
-    if mode == "save":
-        for _ in range(3):     # Adam's moments and step count are part of what the next update depends on
-            update()
-        save_model(model, ckpt)
-    else:
-        load_model(model, ckpt)
-    loaded = view()
-    update()
-    result = {**{f"loaded/{k}": v for k, v in loaded.items()}, **{f"next/{k}": v for k, v in view().items()}}
-    if dist.get_rank() == 0:
-        save_file(result, out)
-    del model
+    for job in json.load(open(sys.argv[1])):
+        result = resume(*job["args"])
+        if dist.get_rank() == 0:
+            save_file(result, job["out"])
+        del result
+        mpu.destroy_model_parallel()   # the next job's layout builds its own groups
     shutdown_parallel()
 """)
 
-
-def run(tmp_path, mode, hf_checkpoint, checkpoint, role, procs, tp, pp):
-    """``mode`` save: from the HF checkpoint, three updates, then save ``checkpoint``; load: from ``checkpoint``.
-    Either way, then the view of the model (weights, per-token outputs) and one more update's."""
-    return run_ranks(RANK_SCRIPT, tmp_path, procs, tmp_path / f"{role}-{mode}-tp{tp}pp{pp}.safetensors", mode,
-                     hf_checkpoint, checkpoint, role, tp, pp)
+LAYOUTS = {"tp2xpp2": (4, 2, 2), "tp1": (1, 1, 1)}   # processes, TP, PP
+CASES = [("actor", "tp2xpp2", "tp1"), ("actor", "tp1", "tp2xpp2"), ("critic", "tp2xpp2", "tp1"),
+         ("lora", "tp2xpp2", "tp1"), ("lora", "tp1", "tp2xpp2")]   # role, saved at, loaded at
+STARTS = [[("save", "tp1")], [("save", "tp2xpp2"), ("load", "tp2xpp2")], [("load", "tp1")]]   # (mode, layout) each
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, tiny_qwen3):
-    return tmp_path_factory.mktemp("reshard"), tiny_qwen3
+def resumes(tmp_path_factory, tiny_qwen3):
+    """(case, mode) -> that run's result. ``mode`` save: from the HF checkpoint, three updates, then save the
+    case's checkpoint; load: from it. Either way, then the view of the model (weights, per-token outputs) and one
+    more update's."""
+    tmp = tmp_path_factory.mktemp("reshard")
+    results = {}
+    for i, start in enumerate(STARTS):
+        keys = [(case, mode) for mode, layout in start for case in CASES if case[1 if mode == "save" else 2] == layout]
+        procs, tp, pp = LAYOUTS[start[0][1]]
+        jobs = [{"args": [mode, str(tiny_qwen3), str(tmp / f"{role}-at-{saved_at}"), role, tp, pp]}
+                for (role, saved_at, _), mode in keys]
+        directory = tmp / f"start{i}"
+        directory.mkdir()
+        results.update(zip(keys, run_rank_jobs(RANK_SCRIPT, directory, procs, jobs)))
+    return results
 
 
-LAYOUTS = {"tp2xpp2": (4, 2, 2), "tp1": (1, 1, 1)}
-
-
-@pytest.mark.parametrize("role, saved_at, loaded_at", [("actor", "tp2xpp2", "tp1"), ("actor", "tp1", "tp2xpp2"),
-                                                       ("critic", "tp2xpp2", "tp1"), ("lora", "tp2xpp2", "tp1"),
-                                                       ("lora", "tp1", "tp2xpp2")])
-def test_resume_at_another_layout(checkpoint, role, saved_at, loaded_at):
-    tmp, hf_checkpoint = checkpoint
-    saved = run(tmp, "save", hf_checkpoint, tmp / f"{role}-at-{saved_at}", role, *LAYOUTS[saved_at])
-    resumed = run(tmp, "load", hf_checkpoint, tmp / f"{role}-at-{saved_at}", role, *LAYOUTS[loaded_at])
+@pytest.mark.parametrize("role, saved_at, loaded_at", CASES)
+def test_resume_at_another_layout(resumes, role, saved_at, loaded_at):
+    saved, resumed = (resumes[(role, saved_at, loaded_at), mode] for mode in ("save", "load"))
     assert sorted(saved) == sorted(resumed)
     for name in saved:
         if name.startswith("loaded/") and "logprobs" not in name and "values" not in name:
