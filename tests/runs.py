@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]   # the preset, fewer RL steps
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+# the runs kept out of the suite's time (each with a comment naming what covers its parts in every run)
+ON_REQUEST = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
 def rlcore_run(run_dir, warm_start_cache, *extra, preset="quickstart", plugins="qwen3,grpo,ppo,vllm"):

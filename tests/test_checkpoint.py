@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from runs import ENV, EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
+from runs import ENV, EVERY, ON_REQUEST, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
 
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers;
             # LoRA (rank 8) at TP2 with a KL reference on two
@@ -43,7 +43,6 @@ def uninterrupted(tmp_path_factory, warm_start_cache):
 # tp2xpp2 on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time (three 4-worker runs, ~500 s under CI load): in
 # every run, lora-tp2 kills and resumes a multi-worker run, test_resharded_resume saves and loads pipeline stages'
 # weights and optimizer state exactly, and the export test below reads the uninterrupted tp2xpp2 run's checkpoint
-ON_REQUEST = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from runs import ON_REQUEST
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -56,9 +57,6 @@ def first_step(model_path: str, run_dir, *overrides: str) -> dict:
 
 # the run at TP2 x PP2 (the checkpoint's own layout: no resharding) on request (RLCORE_ALL_LAYOUTS=1), ~220 s of four
 # workers; in every run the TP1 run reads it resharded
-ON_REQUEST = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
-
-
 @pytest.mark.parametrize("layout", [pytest.param([], id="tp1"), pytest.param(TP2XPP2, id="tp2xpp2",
                                                                               marks=ON_REQUEST)])
 def test_a_run_from_the_converted_checkpoint_takes_the_hf_runs_first_step(converted, tmp_path, layout):

@@ -4,8 +4,9 @@ attention, a checkpoint saved asynchronously while training goes on and loaded i
 checkpoint that would run code when loaded, the hybrid CPU/GPU optimizer against the plain one and through a
 checkpoint; over 2 processes: MoE with expert parallelism, context parallelism, TP with sequence parallelism, and
 DeepSeek-V3 at TP2 with SP, whose positional key's gradient is checked against finite differences); with all
-of them, every case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs in processes of
-its own because the shims patch megatron-core process-wide (forked from one that imported it, unpatched)."""
+of them, every case trains (and the resumed updates equal the uninterrupted ones bit for bit). Each case runs in
+processes of its own because the shims patch megatron-core process-wide (forked from one that imported it,
+unpatched)."""
 import json
 import os
 import subprocess
@@ -118,7 +119,7 @@ RUNNER = textwrap.dedent("""
         print("TRAINED", losses)
 
     def rank(job, rank, world, port):
-        \"\"\"One rank of ``job`` in this forked process: its output to the job's log, its outcome the exit status.\"\"\"
+        # one rank of the job in this forked process: its output to the job's log, its outcome the exit status
         log = os.open(job["prefix"] + f".rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -5,6 +5,7 @@ reusable check, on every rank), and after training the replicas that must agree 
 import os
 
 import pytest
+from runs import ON_REQUEST
 
 from rlcore.config import load_config
 from rlcore.plugins import load_plugins
@@ -100,7 +101,6 @@ def assert_replicas_agree(prints):
 VLLM_ON_REQUEST = ["llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2", "moe-ep2-lora", "tp2xpp2", "tp2-rollout_tp2",
                    "dp2", "tp2-sp", "cp2"]
 VLLM_LAYOUTS = sorted(set(LAYOUTS) - {"tp2", "pp2"} - set(VLLM_ON_REQUEST))
-ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def stale_vllm_segments(layout):
         path.unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("layout", VLLM_LAYOUTS + [pytest.param(layout, marks=ON_REQUEST_ONLY)
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS + [pytest.param(layout, marks=ON_REQUEST)
                                                   for layout in VLLM_ON_REQUEST])
 def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout, stale_vllm_segments):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS[layout], steps=3)
@@ -133,7 +133,7 @@ def test_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layou
 
 # on request: 50 steps on four workers (~220 s under CI load); in every run the quickstart learns in one process and
 # one step at TP2, PP2 and the other layouts equals the one-process step (test_gradient_equivalence.py)
-@ON_REQUEST_ONLY
+@ON_REQUEST
 def test_tp2xpp2_learns_like_one_process(tmp_path, warm_start_cache):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, LAYOUTS["tp2xpp2"], steps=50)
     assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.10, summary

@@ -8,6 +8,7 @@ import importlib.util
 import os
 
 import pytest
+from runs import ON_REQUEST
 
 from test_layouts import LAYOUTS, assert_replicas_agree, run_layout
 
@@ -21,12 +22,12 @@ SGLANG = ["rollout.backend=sglang"]
 EVERY_RUN = ["tp2-rollout_tp2", "pp2", "moe-ep2"]
 # the rest of the vLLM layouts that run on CPU, on request (RLCORE_ALL_LAYOUTS=1): ~1.5 min each, and their
 # resharded stream is the one the vLLM layouts check
-ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
+LAYOUTS_ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
               "qwen2-tp2-rollout_tp2", "llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2"]
-ON_REQUEST_ONLY = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
 
-@pytest.mark.parametrize("layout", EVERY_RUN + [pytest.param(layout, marks=ON_REQUEST_ONLY) for layout in ON_REQUEST])
+@pytest.mark.parametrize("layout", EVERY_RUN + [pytest.param(layout, marks=ON_REQUEST)
+                                                for layout in LAYOUTS_ON_REQUEST])
 def test_sglang_engine_matches_actor_after_every_sync(tmp_path, warm_start_cache, layout):
     summary, prints, history = run_layout(tmp_path, warm_start_cache, SGLANG + LAYOUTS[layout], steps=3,
                                           engine="sglang")
