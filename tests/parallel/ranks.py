@@ -1,6 +1,7 @@
 """Running a rank script under torchrun, for the multi-process tests."""
 import json
 import subprocess
+import textwrap
 
 from safetensors.torch import load_file
 
@@ -30,3 +31,37 @@ def run_rank_jobs(script: str, directory, procs: int, jobs: list[dict]) -> list[
     (directory / "jobs.json").write_text(json.dumps(jobs))
     _torchrun(script, directory, procs, directory / "jobs.json")
     return [load_file(job["out"]) for job in jobs]
+
+
+# The end of a rank script for run_rank_jobs whose jobs each name a function the script defines ("run") and its
+# arguments ("args"); rank 0 saves the tensors it returns. Between jobs only Megatron's groups are torn down: the next
+# job's init_parallel builds them at its layout and reseeds, so a job computes what it would in a fresh process.
+RUN_JOBS = textwrap.dedent("""
+    def run_jobs():
+        import json, sys
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+        from safetensors.torch import save_file
+        from rlcore.megatron.parallel import shutdown_parallel
+        for job in json.load(open(sys.argv[1])):
+            result = globals()[job["run"]](*job["args"])
+            if dist.get_rank() == 0:
+                save_file({name: t.contiguous() for name, t in result.items()}, job["out"])
+            del result
+            mpu.destroy_model_parallel()
+        shutdown_parallel()
+
+    run_jobs()
+""")
+
+
+def run_jobs_by_world(script: str, directory, jobs: dict) -> dict:
+    """``jobs``: key -> (processes, job) for run_rank_jobs. The jobs of one world size run in one torchrun, the world
+    sizes in the order they first appear (a job may read what an earlier world's jobs wrote); returns key -> the
+    job's tensors."""
+    results = {}
+    for procs in dict.fromkeys(procs for procs, _ in jobs.values()):
+        keys = [key for key, (p, _) in jobs.items() if p == procs]
+        (directory / f"world{procs}").mkdir()
+        results.update(zip(keys, run_rank_jobs(script, directory / f"world{procs}", procs, [jobs[k][1] for k in keys])))
+    return results

@@ -14,30 +14,22 @@ import textwrap
 
 import pytest
 import torch
-from ranks import run_ranks
+from ranks import RUN_JOBS, run_jobs_by_world
 
 
 LAYOUTS = {"tp1": (1, 0), "tp2": (2, 0), "tp2-sp": (2, 1)}   # processes (= TP), sequence parallel
 
-LINEAR_SCRIPT = textwrap.dedent("""
-    import sys, types, torch, torch.distributed as dist
+LINEAR_JOB = textwrap.dedent("""
+    import types, torch, torch.distributed as dist
     torch.set_num_threads(1)
-    from safetensors.torch import save_file
     from megatron.core import ModelParallelConfig, parallel_state as mpu
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, layers, mappings
     from rlcore.megatron.lora import LoRAConfig, adapters_enabled, attach_lora
-    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.megatron.parallel import init_parallel
 
-    out_path, tp, sp = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3]))
-    init_parallel(tp=tp)
-    rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
-    config = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
-                                 gradient_accumulation_fusion=False)
-    IN, OUT, R, S, B = 24, 32, 4, 6, 3
-
-    sent = []   # what every all-gather sent while recording
+    sent = []   # what every all-gather sent while recording; the recorder passes every call on unchanged
     def recorded(gather):
         def wrapper(*args, **kwargs):
             if recording[0]:
@@ -50,100 +42,105 @@ LINEAR_SCRIPT = textwrap.dedent("""
     dist.all_gather = recorded(dist.all_gather)
     dist.all_gather_into_tensor = recorded(dist.all_gather_into_tensor)
 
-    def full(*shape, seed):
-        return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-    def part(t, dim):
-        return t.chunk(tp, dim)[rank].contiguous()
-    def gather(t, dim):
-        parts = [torch.empty_like(t) for _ in range(tp)]
-        dist.all_gather(parts, t.contiguous(), group=group)
-        return torch.cat(parts, dim)
-    def finalize(linear):   # megatron-core's TP reduction of the parameters tagged sequence_parallel (and norms)
-        linear.ddp_config = DistributedDataParallelConfig()
-        _allreduce_non_tensor_model_parallel_grads([linear], types.SimpleNamespace(sequence_parallel=sp,
-                                                                                   qk_layernorm=False), group)
-    def replica_spread(t):   # how far TP ranks' copies of a replicated tensor are apart
-        copies = gather(t.unsqueeze(0), 0)
-        return (copies - copies[0]).abs().max()
+    def linear_job(tp, sp):   # an adapted linear of each kind at TP tp, sequence parallel or not
+        init_parallel(tp=tp)
+        rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
+        config = ModelParallelConfig(tensor_model_parallel_size=tp, sequence_parallel=sp, use_cpu_initialization=True,
+                                     gradient_accumulation_fusion=False)
+        IN, OUT, R, S, B = 24, 32, 4, 6, 3
 
-    W, A, Bm = full(OUT, IN, seed=1), full(R, IN, seed=2), full(OUT, R, seed=3)
-    x, g = full(S, B, IN, seed=4), full(S, B, OUT, seed=5)
-    cfg = LoRAConfig(rank=R, alpha=8.0)
-    saved = {}
-    for kind in ("column", "row"):
-        def build(lora_cfg):
+        def full(*shape, seed):
+            return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+        def part(t, dim):
+            return t.chunk(tp, dim)[rank].contiguous()
+        def gather(t, dim):
+            parts = [torch.empty_like(t) for _ in range(tp)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            return torch.cat(parts, dim)
+        def finalize(linear):   # megatron-core's TP reduction of the parameters tagged sequence_parallel (and norms)
+            linear.ddp_config = DistributedDataParallelConfig()
+            _allreduce_non_tensor_model_parallel_grads([linear], types.SimpleNamespace(sequence_parallel=sp,
+                                                                                       qk_layernorm=False), group)
+        def replica_spread(t):   # how far TP ranks' copies of a replicated tensor are apart
+            copies = gather(t.unsqueeze(0), 0)
+            return (copies - copies[0]).abs().max()
+
+        W, A, Bm = full(OUT, IN, seed=1), full(R, IN, seed=2), full(OUT, R, seed=3)
+        x, g = full(S, B, IN, seed=4), full(S, B, OUT, seed=5)
+        cfg = LoRAConfig(rank=R, alpha=8.0)
+        saved = {}
+        for kind in ("column", "row"):
+            def build(lora_cfg):
+                if kind == "column":
+                    linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                                  gather_output=False)
+                    w, a, b = part(W, 0), A, part(Bm, 0)
+                    x_in = part(x, 0) if sp else x                  # SP: this rank's sequence chunk
+                else:
+                    linear = RowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
+                                               input_is_parallel=True, skip_bias_add=False)
+                    w, a, b = part(W, 1), part(A, 1), Bm
+                    x_in = part(x, 2)                               # split by features, like W's columns
+                with torch.no_grad():
+                    linear.weight.copy_(w)
+                linear.weight.requires_grad_(False)
+                x_in = x_in.clone().requires_grad_()
+                base_out = linear(x_in)[0].detach()
+                adapter = attach_lora(linear, lora_cfg, f"{kind}_linear")
+                with torch.no_grad():
+                    adapter.A.copy_(a)
+                    adapter.B.copy_(b)
+                return linear, adapter, x_in, base_out
+
+            def output_and_grad(y):   # the whole output, and this rank's part of the output's gradient
+                if kind == "column":
+                    return gather(y, 2), part(g, 2)
+                return (gather(y, 0), part(g, 0)) if sp else (y, g)
+
+            linear, adapter, x_in, base_out = build(cfg)
+            recording[0] = True
+            y = linear(x_in)[0]
+            y_local = y
+            recording[0] = False
+            y, g_local = output_and_grad(y_local)
+            recording[0] = True
+            (y_local * g_local).sum().backward()
+            recording[0] = False
+            finalize(linear)
+            assert linear.weight.grad is None, "the frozen base weight got a gradient"
+            w_shard = linear.weight
+            assert sent or not sp, "no all-gather was recorded under SP (the recorder is not in the path)"
+            assert not any(t.data_ptr() == w_shard.data_ptr() or t.shape == w_shard.shape for t in sent), \\
+                [tuple(t.shape) for t in sent]
             if kind == "column":
-                linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
-                                              gather_output=False)
-                w, a, b = part(W, 0), A, part(Bm, 0)
-                x_in = part(x, 0) if sp else x                  # SP: this rank's sequence chunk
+                grad_a, grad_b = adapter.A.grad, gather(adapter.B.grad, 0)
+                spread = replica_spread(adapter.A.grad)
+                grad_x = gather(x_in.grad, 0) if sp else x_in.grad
             else:
-                linear = RowParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.zeros_, bias=False,
-                                           input_is_parallel=True, skip_bias_add=False)
-                w, a, b = part(W, 1), part(A, 1), Bm
-                x_in = part(x, 2)                               # split by features, like W's columns
-            with torch.no_grad():
-                linear.weight.copy_(w)
-            linear.weight.requires_grad_(False)
-            x_in = x_in.clone().requires_grad_()
-            base_out = linear(x_in)[0].detach()
-            adapter = attach_lora(linear, lora_cfg, f"{kind}_linear")
-            with torch.no_grad():
-                adapter.A.copy_(a)
-                adapter.B.copy_(b)
-            return linear, adapter, x_in, base_out
+                grad_a, grad_b = gather(adapter.A.grad, 1), adapter.B.grad
+                spread = replica_spread(adapter.B.grad)
+                grad_x = gather(x_in.grad, 2)
+            with adapters_enabled(linear, False):
+                off = linear(x_in)[0].detach()
+            saved.update({f"{kind}.y": y, f"{kind}.grad_A": grad_a, f"{kind}.grad_B": grad_b, f"{kind}.grad_x": grad_x,
+                          f"{kind}.replicated_grad_spread": spread.reshape(1),
+                          f"{kind}.off_equals_base": torch.tensor([float(torch.equal(off, base_out))]),
+                          f"{kind}.gathers_seen": torch.tensor([float(len(sent))])})
+            sent.clear()
 
-        def output_and_grad(y):   # the whole output, and this rank's part of the output's gradient
-            if kind == "column":
-                return gather(y, 2), part(g, 2)
-            return (gather(y, 0), part(g, 0)) if sp else (y, g)
+            # dropout: the replicated factor's gradient still agrees on every TP rank; eval() turns it off
+            linear, adapter, x_in, _ = build(LoRAConfig(rank=R, alpha=8.0, dropout=0.5))
+            y_train = linear(x_in)[0]
+            (y_train * output_and_grad(y_train.detach())[1]).sum().backward()
+            finalize(linear)
+            spread = replica_spread(adapter.A.grad if kind == "column" else adapter.B.grad)
+            linear.eval()
+            y_eval = output_and_grad(linear(x_in)[0].detach())[0]
+            saved.update({f"{kind}.dropout_replicated_grad_spread": spread.reshape(1), f"{kind}.dropout_eval_y": y_eval,
+                          f"{kind}.dropout_changed_y": (output_and_grad(y_train.detach())[0] - y_eval).abs().max()
+                          .reshape(1)})
 
-        linear, adapter, x_in, base_out = build(cfg)
-        recording[0] = True
-        y = linear(x_in)[0]
-        y_local = y
-        recording[0] = False
-        y, g_local = output_and_grad(y_local)
-        recording[0] = True
-        (y_local * g_local).sum().backward()
-        recording[0] = False
-        finalize(linear)
-        assert linear.weight.grad is None, "the frozen base weight got a gradient"
-        w_shard = linear.weight
-        assert sent or not sp, "no all-gather was recorded under SP (the recorder is not in the path)"
-        assert not any(t.data_ptr() == w_shard.data_ptr() or t.shape == w_shard.shape for t in sent), \\
-            [tuple(t.shape) for t in sent]
-        if kind == "column":
-            grad_a, grad_b = adapter.A.grad, gather(adapter.B.grad, 0)
-            spread = replica_spread(adapter.A.grad)
-            grad_x = gather(x_in.grad, 0) if sp else x_in.grad
-        else:
-            grad_a, grad_b = gather(adapter.A.grad, 1), adapter.B.grad
-            spread = replica_spread(adapter.B.grad)
-            grad_x = gather(x_in.grad, 2)
-        with adapters_enabled(linear, False):
-            off = linear(x_in)[0].detach()
-        saved.update({f"{kind}.y": y, f"{kind}.grad_A": grad_a, f"{kind}.grad_B": grad_b, f"{kind}.grad_x": grad_x,
-                      f"{kind}.replicated_grad_spread": spread.reshape(1),
-                      f"{kind}.off_equals_base": torch.tensor([float(torch.equal(off, base_out))]),
-                      f"{kind}.gathers_seen": torch.tensor([float(len(sent))])})
-        sent.clear()
-
-        # dropout: the replicated factor's gradient still agrees on every TP rank; eval() turns it off
-        linear, adapter, x_in, _ = build(LoRAConfig(rank=R, alpha=8.0, dropout=0.5))
-        y_train = linear(x_in)[0]
-        (y_train * output_and_grad(y_train.detach())[1]).sum().backward()
-        finalize(linear)
-        spread = replica_spread(adapter.A.grad if kind == "column" else adapter.B.grad)
-        linear.eval()
-        y_eval = output_and_grad(linear(x_in)[0].detach())[0]
-        saved.update({f"{kind}.dropout_replicated_grad_spread": spread.reshape(1), f"{kind}.dropout_eval_y": y_eval,
-                      f"{kind}.dropout_changed_y": (output_and_grad(y_train.detach())[0] - y_eval).abs().max()
-                      .reshape(1)})
-
-    if rank == 0:
-        save_file({k: v.contiguous() for k, v in saved.items()}, out_path)
-    shutdown_parallel()
+        return saved
 """)
 
 
@@ -163,9 +160,8 @@ def full_matrix_lora(scale: float = 2.0) -> dict:
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_adapted_linears_equal_full_matrix_lora(tmp_path, layout):
-    procs, sp = LAYOUTS[layout]
-    got = run_ranks(LINEAR_SCRIPT, tmp_path, procs, tmp_path / "out.safetensors", procs, sp)
+def test_adapted_linears_equal_full_matrix_lora(runs, layout):
+    got = runs["linear", layout]
     want = full_matrix_lora()
     for kind in ("column", "row"):
         for name, expected in want.items():
@@ -178,85 +174,81 @@ def test_adapted_linears_equal_full_matrix_lora(tmp_path, layout):
         assert got[f"{kind}.dropout_changed_y"].item() > 1e-3, f"{kind}: dropout changed nothing in training"
 
 
-GPT_SCRIPT = textwrap.dedent("""
-    import importlib, sys, torch, torch.distributed as dist
-    torch.set_num_threads(1)
-    from safetensors.torch import save_file
+GPT_JOB = textwrap.dedent("""
+    import importlib, torch, torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
     from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
-    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.megatron.parallel import init_parallel
     from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
     from rlcore.megatron.names import global_name
     from rlcore.testing.lora import set_random_adapters
 
-    out, path, tp, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4]))
-    plugin, spec_name, targets = sys.argv[5], sys.argv[6], tuple(sys.argv[7].split(","))
-    SPEC = getattr(importlib.import_module(plugin), spec_name)
-    init_parallel(tp=tp)
-    rank, group = mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_group()
-    hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
-    ids = torch.randint(1, 16, (2, 8), generator=torch.Generator().manual_seed(1))
+    def gpt_job(path, tp, sp, plugin, spec_name, targets):
+        # the checkpoint at path as a GPTModel of the plugin's spec at TP tp with adapters on targets: its logits in
+        # every state, and the adapters' gradients
+        SPEC, targets = getattr(importlib.import_module(plugin), spec_name), tuple(targets)
+        init_parallel(tp=tp)
+        group = mpu.get_tensor_model_parallel_group()
+        hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
+        ids = torch.randint(1, 16, (2, 8), generator=torch.Generator().manual_seed(1))
 
-    def logits(model):   # [b, s, V], the vocabulary slices gathered
-        with torch.no_grad():
-            local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
-        parts = [torch.empty_like(local) for _ in range(tp)]
-        dist.all_gather(parts, local.contiguous(), group=group)
-        return torch.cat(parts, -1)
+        def logits(model):   # [b, s, V], the vocabulary slices gathered
+            with torch.no_grad():
+                local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+            parts = [torch.empty_like(local) for _ in range(tp)]
+            dist.all_gather(parts, local.contiguous(), group=group)
+            return torch.cat(parts, -1)
 
-    def built(weights):
-        model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
-        load_hf_into(model, converter, weights)
-        return model.eval(), converter
+        def built(weights):
+            model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
+            load_hf_into(model, converter, weights)
+            return model.eval(), converter
 
-    model, converter = built(hf)
-    base = logits(model)
-    cfg = LoRAConfig(rank=4, alpha=8.0, target_modules=targets)
-    params = add_lora(model, cfg)
-    assert len(params) == 2 * len(targets) * hf_config["num_hidden_layers"], len(params)
-    sized = sum(adapter_params(model.config, cfg.rank, targets, moe, tp) for moe in _moe_layers(model.config))
-    assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {n for n, _ in model.named_parameters() if ".lora." in n}, sorted(trainable)
-    untouched = logits(model)   # B starts at zero: the base model
+        model, converter = built(hf)
+        base = logits(model)
+        cfg = LoRAConfig(rank=4, alpha=8.0, target_modules=targets)
+        params = add_lora(model, cfg)
+        assert len(params) == 2 * len(targets) * hf_config["num_hidden_layers"], len(params)
+        sized = sum(adapter_params(model.config, cfg.rank, targets, moe, tp) for moe in _moe_layers(model.config))
+        assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert trainable == {n for n, _ in model.named_parameters() if ".lora." in n}, sorted(trainable)
+        untouched = logits(model)   # B starts at zero: the base model
 
-    # per-projection adapters as PEFT holds them (q/k/v or gate/up share A), put into the fused layout by the
-    # model's own weight rules: B's rows split like W's rows, a row-parallel A's columns like W's columns
-    merged = set_random_adapters(model, converter, hf, cfg, std=0.1)
-    adapted = logits(model)
-    with adapters_enabled(model, False):
-        off = logits(model)
-    reference, _ = built(merged)   # the base model with the merged weights W + B A * scale
-    expected = logits(reference)
+        # per-projection adapters as PEFT holds them (q/k/v or gate/up share A), put into the fused layout by the
+        # model's own weight rules: B's rows split like W's rows, a row-parallel A's columns like W's columns
+        merged = set_random_adapters(model, converter, hf, cfg, std=0.1)
+        adapted = logits(model)
+        with adapters_enabled(model, False):
+            off = logits(model)
+        reference, _ = built(merged)   # the base model with the merged weights W + B A * scale
+        expected = logits(reference)
 
-    # one backward pass of a loss every TP rank computes whole: it reaches the adapters only, and their gradients,
-    # reduced as megatron-core's finalize_model_grads does and mapped to per-projection tensors by the weight rules,
-    # are the same in every layout
-    model.train()
-    full = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
-    (full * torch.randn(full.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
-    model.ddp_config = DistributedDataParallelConfig()
-    _allreduce_non_tensor_model_parallel_grads([model], model.config, group)
-    assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
-    grads = {}
-    for name, module in model.named_modules():
-        adapter = getattr(module, "lora", None)
-        if isinstance(adapter, LoRAAdapter):
-            rule = converter.rule(global_name(model, f"{name}.weight"))
-            sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
-            shards = [torch.empty_like(getattr(adapter, sharded).grad) for _ in range(tp)]
-            dist.all_gather(shards, getattr(adapter, sharded).grad, group=group)
-            grads.update({f"grad.{n}.lora_{sharded}": t.contiguous() for n, t in rule.to_hf(shards, converter.layout)})
-            grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
-    if rank == 0:
-        save_file({"base": base, "untouched": untouched, "adapted": adapted, "off": off, "expected": expected,
-                   **grads}, out)
-    del model, reference
-    shutdown_parallel()
+        # one backward pass of a loss every TP rank computes whole: it reaches the adapters only, and their gradients,
+        # reduced as megatron-core's finalize_model_grads does and mapped to per-projection tensors by the weight rules,
+        # are the same in every layout
+        model.train()
+        full = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
+        (full * torch.randn(full.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+        model.ddp_config = DistributedDataParallelConfig()
+        _allreduce_non_tensor_model_parallel_grads([model], model.config, group)
+        assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
+        grads = {}
+        for name, module in model.named_modules():
+            adapter = getattr(module, "lora", None)
+            if isinstance(adapter, LoRAAdapter):
+                rule = converter.rule(global_name(model, f"{name}.weight"))
+                sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
+                shards = [torch.empty_like(getattr(adapter, sharded).grad) for _ in range(tp)]
+                dist.all_gather(shards, getattr(adapter, sharded).grad, group=group)
+                grads.update({f"grad.{n}.lora_{sharded}": t.contiguous()
+                              for n, t in rule.to_hf(shards, converter.layout)})
+                grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
+        return {"base": base, "untouched": untouched, "adapted": adapted, "off": off, "expected": expected, **grads}
 """)
 
 
@@ -275,42 +267,38 @@ TINY_MLA = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv
                 ffn_hidden_size=32, max_position_embeddings=32)   # layer 0 dense, layer 1 MoE
 
 
-def adapted_gpt(tmp_path, checkpoint, model, layout):
-    procs, sp = LAYOUTS[layout]
-    plugin, spec, targets, _ = MODELS[model]
-    return run_ranks(GPT_SCRIPT, tmp_path, procs, tmp_path / f"gpt-{layout}.safetensors", checkpoint, procs, sp,
-                     plugin, spec, ",".join(targets))
+# Every job of one world size, the linears' and the GPT models', runs in one torchrun (ranks.RUN_JOBS): a process
+# start that imports Megatron costs more than a job. The linear jobs' all-gather recorder stays installed for the GPT
+# jobs; it passes every call on unchanged and records only inside a linear job.
+RANK_SCRIPT = LINEAR_JOB + GPT_JOB + RUN_JOBS
 
 
 @pytest.fixture(scope="module")
-def one_process_gpt(tmp_path_factory, request):
-    """model -> (its tiny checkpoint, the TP1 run), each made once."""
-    runs: dict = {}
+def runs(tmp_path_factory, tiny_qwen3):
+    """("linear", layout) and (model, layout) of CASES -> that job's tensors, all made in two torchruns."""
+    import importlib
 
-    def get(model):
-        if model not in runs:
-            if model == "qwen3":
-                path = request.getfixturevalue("tiny_qwen3")
-            else:
-                import importlib
+    from rlcore.testing import tiny_checkpoint
 
-                from rlcore.testing import tiny_checkpoint
-
-                path = tmp_path_factory.mktemp(model) / "ckpt"
-                tiny_checkpoint(getattr(importlib.import_module(MODELS[model][0]), MODELS[model][1]), str(path),
-                                **TINY_MLA)
-            runs[model] = path, adapted_gpt(tmp_path_factory.mktemp("lora_gpt"), path, model, "tp1")
-        return runs[model]
-
-    return get
+    tmp = tmp_path_factory.mktemp("lora")
+    checkpoints = {"qwen3": tiny_qwen3, "deepseek_v3": tmp / "deepseek_v3"}
+    tiny_checkpoint(getattr(importlib.import_module(MODELS["deepseek_v3"][0]), MODELS["deepseek_v3"][1]),
+                    str(checkpoints["deepseek_v3"]), **TINY_MLA)
+    jobs = {("linear", layout): (procs, {"run": "linear_job", "args": [procs, bool(sp)]})
+            for layout, (procs, sp) in LAYOUTS.items()}
+    for model, layout in CASES:
+        procs, sp = LAYOUTS[layout]
+        plugin, spec, targets, _ = MODELS[model]
+        jobs[model, layout] = procs, {"run": "gpt_job", "args": [str(checkpoints[model]), procs, bool(sp), plugin,
+                                                                  spec, targets]}
+    return run_jobs_by_world(RANK_SCRIPT, tmp, jobs)
 
 
 @pytest.mark.parametrize("model, layout", CASES)
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_adapted_gpt_equals_merged_weights_and_one_process(tmp_path, one_process_gpt, model, layout):
-    checkpoint, one_process = one_process_gpt(model)
-    got = one_process if layout == "tp1" else adapted_gpt(tmp_path, checkpoint, model, layout)
+def test_adapted_gpt_equals_merged_weights_and_one_process(runs, model, layout):
+    got, one_process = runs[model, layout], runs[model, "tp1"]
     assert torch.equal(got["untouched"], got["base"]), "fresh adapters (B = 0) changed the logits"
     assert torch.equal(got["off"], got["base"]), "adapters off is not the base model exactly"
     moved = (got["adapted"] - got["base"]).abs().max().item()
