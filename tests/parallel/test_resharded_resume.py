@@ -8,19 +8,16 @@ import textwrap
 
 import pytest
 import torch
-from ranks import run_rank_jobs
+from ranks import RUN_JOBS, run_rank_jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
-# The jobs of one world size run in one torchrun, one after another (a process start importing Megatron costs far
-# more than these steps); between jobs only Megatron's groups are torn down, and the next model's init_parallel
-# rebuilds them and reseeds. Saves must precede the loads that read them, so three starts: the TP1 saves, then the
-# TP2 x PP2 saves and the loads of the TP1 checkpoints, then the loads of the TP2 x PP2 checkpoints at TP1.
+# The jobs of one world size run in one torchrun, one after another (ranks.RUN_JOBS): a process start importing
+# Megatron costs far more than these steps. Saves must precede the loads that read them, so three starts: the TP1
+# saves, then the TP2 x PP2 saves and the loads of the TP1 checkpoints, then the loads of the TP2 x PP2 ones at TP1.
 RANK_SCRIPT = textwrap.dedent("""
-    import json, sys, torch, torch.distributed as dist
+    import torch
     torch.set_num_threads(1)
-    from megatron.core import parallel_state as mpu
-    from safetensors.torch import save_file
     from rlcore.config.schema import ActorConfig, LoRASection, OptimConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
@@ -28,7 +25,6 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.checkpoint import load_model, save_model
     from rlcore.megatron.critic import MegatronCritic
     from rlcore.megatron.model import read_hf_weights
-    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
 
@@ -75,15 +71,7 @@ RANK_SCRIPT = textwrap.dedent("""
         loaded = view()
         update()
         return {**{f"loaded/{k}": v for k, v in loaded.items()}, **{f"next/{k}": v for k, v in view().items()}}
-
-    for job in json.load(open(sys.argv[1])):
-        result = resume(*job["args"])
-        if dist.get_rank() == 0:
-            save_file(result, job["out"])
-        del result
-        mpu.destroy_model_parallel()   # the next job's layout builds its own groups
-    shutdown_parallel()
-""")
+""") + RUN_JOBS
 
 LAYOUTS = {"tp2xpp2": (4, 2, 2), "tp1": (1, 1, 1)}   # processes, TP, PP
 CASES = [("actor", "tp2xpp2", "tp1"), ("actor", "tp1", "tp2xpp2"), ("critic", "tp2xpp2", "tp1"),
@@ -101,7 +89,7 @@ def resumes(tmp_path_factory, tiny_qwen3):
     for i, start in enumerate(STARTS):
         keys = [(case, mode) for mode, layout in start for case in CASES if case[1 if mode == "save" else 2] == layout]
         procs, tp, pp = LAYOUTS[start[0][1]]
-        jobs = [{"args": [mode, str(tiny_qwen3), str(tmp / f"{role}-at-{saved_at}"), role, tp, pp]}
+        jobs = [{"run": "resume", "args": [mode, str(tiny_qwen3), str(tmp / f"{role}-at-{saved_at}"), role, tp, pp]}
                 for (role, saved_at, _), mode in keys]
         directory = tmp / f"start{i}"
         directory.mkdir()
