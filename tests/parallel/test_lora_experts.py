@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 import torch
-from ranks import run_ranks
+from ranks import RUN_JOBS, run_jobs_by_world
 
 # processes, TP, EP, sequence parallel (megatron-core asks for it with MoE and TP)
 LAYOUTS = {"ep1": (1, 1, 1, 0), "ep2": (2, 1, 2, 0), "tp2-sp": (2, 2, 1, 1)}
@@ -25,9 +25,8 @@ MOE = dict(vocab_size=16, hidden_size=32, num_layers=2, num_heads=4, num_kv_head
            max_position_embeddings=32, num_experts=4, experts_per_token=2)
 
 SCRIPT = textwrap.dedent("""
-    import importlib, json, sys, torch, torch.distributed as dist
+    import importlib, json, torch, torch.distributed as dist
     torch.set_num_threads(1)
-    from safetensors.torch import save_file
     from megatron.core import parallel_state as mpu
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
@@ -37,105 +36,110 @@ SCRIPT = textwrap.dedent("""
     from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
     from rlcore.megatron.checkpoint import load_weights, save_weights
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
-    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.megatron.parallel import init_parallel
     from rlcore.sizing import _moe_layers, adapter_params
     from rlcore.megatron.names import global_name
     from rlcore.testing.lora import set_random_adapters
-    out, path, tp, ep, sp = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), bool(int(sys.argv[5]))
-    save_to, resume_from = sys.argv[6], sys.argv[7]   # a checkpoint of the adapters to write / to load ("-": none)
-    SPEC = getattr(importlib.import_module(sys.argv[8]), sys.argv[9])
-    init_parallel(tp=tp, ep=ep)
-    dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-    hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
-    all_ids = torch.randint(1, 16, (4, 12), generator=torch.Generator().manual_seed(1))
-    all_g = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(2))
-    ids, g = all_ids.chunk(dp)[dp_rank], all_g.chunk(dp)[dp_rank]     # this data-parallel rank's sequences
 
-    def gathered(t, group):
-        parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, t.contiguous(), group=group)
-        return parts
+    def moe_job(path, tp, ep, sp, save_to, resume_from, names_to, plugin, spec_name):
+        # save_to, resume_from: a checkpoint of the adapters to write / to load ("-": none); names_to: where rank 0
+        # writes the PEFT adapter's target names at TP1
+        SPEC = getattr(importlib.import_module(plugin), spec_name)
+        init_parallel(tp=tp, ep=ep)
+        dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+        hf_config, hf = read_hf_config(path), dict(read_hf_weights(path).items())
+        all_ids = torch.randint(1, 16, (4, 12), generator=torch.Generator().manual_seed(1))
+        all_g = torch.randn(4, 12, 16, generator=torch.Generator().manual_seed(2))
+        ids, g = all_ids.chunk(dp)[dp_rank], all_g.chunk(dp)[dp_rank]     # this data-parallel rank's sequences
 
-    def logits(model):   # [b, s, V] of the whole batch: vocabulary slices and data-parallel parts gathered
-        with torch.no_grad():
-            local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
-        whole = torch.cat(gathered(local, mpu.get_tensor_model_parallel_group()), -1)
-        return torch.cat(gathered(whole, mpu.get_data_parallel_group()), 0)
+        def gathered(t, group):
+            parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            return parts
 
-    def built(weights):
-        model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
-        load_hf_into(model, converter, weights)
-        return model.eval(), converter
+        def logits(model):   # [b, s, V] of the whole batch: vocabulary slices and data-parallel parts gathered
+            with torch.no_grad():
+                local = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+            whole = torch.cat(gathered(local, mpu.get_tensor_model_parallel_group()), -1)
+            return torch.cat(gathered(whole, mpu.get_data_parallel_group()), 0)
 
-    model, converter = built(hf)
-    base = logits(model)
-    cfg = LoRAConfig(rank=4, alpha=8.0)
-    params = add_lora(model, cfg)
-    local_experts = len(model.decoder.layers[0].mlp.experts.local_experts)
-    shared = 2 if model.config.moe_shared_expert_intermediate_size else 0   # a shared expert's fc1 and fc2
-    assert len(params) == 2 * (2 + shared + 2 * local_experts) * hf_config["num_hidden_layers"], len(params)
-    sized = sum(adapter_params(model.config, cfg.rank, cfg.target_modules, moe, tp, ep)
-                for moe in _moe_layers(model.config))   # what --dry-run counts: one TP and EP rank's adapters
-    assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
-    assert not any("router" in n for n, p in model.named_parameters() if p.requires_grad)
-    untouched = logits(model)
+        def built(weights):
+            model, converter = build_gpt(SPEC, hf_config, sequence_parallel=sp)
+            load_hf_into(model, converter, weights)
+            return model.eval(), converter
 
-    merged = set_random_adapters(model, converter, hf, cfg, std=0.2)
-    adapted = logits(model)
-    resumed = {}
-    if save_to != "-":
-        save_weights(model, save_to)
-    if resume_from != "-":   # saved at EP1: a fresh model's adapters (another seed) read at this layout
-        fresh, _ = built(hf)
-        add_lora(fresh, LoRAConfig(rank=4, alpha=8.0, seed=1))
-        load_weights(fresh, resume_from)
-        same = all(torch.equal(getattr(a.lora, f), getattr(b.lora, f)) for a, b in zip(model.modules(), fresh.modules())
-                   if isinstance(getattr(a, "lora", None), LoRAAdapter) for f in "AB")
-        resumed = {"resumed": logits(fresh), "resumed_factors_equal": torch.tensor([float(same)])}
-    with adapters_enabled(model, False):
-        off = logits(model)
-    reference, _ = built(merged)   # the base model with the merged weights: full-matrix LoRA, unsharded
-    expected = logits(reference)
+        model, converter = built(hf)
+        base = logits(model)
+        cfg = LoRAConfig(rank=4, alpha=8.0)
+        params = add_lora(model, cfg)
+        local_experts = len(model.decoder.layers[0].mlp.experts.local_experts)
+        shared = 2 if model.config.moe_shared_expert_intermediate_size else 0   # a shared expert's fc1 and fc2
+        assert len(params) == 2 * (2 + shared + 2 * local_experts) * hf_config["num_hidden_layers"], len(params)
+        sized = sum(adapter_params(model.config, cfg.rank, cfg.target_modules, moe, tp, ep)
+                    for moe in _moe_layers(model.config))   # what --dry-run counts: one TP and EP rank's adapters
+        assert sized == sum(p.numel() for p in params), (sized, sum(p.numel() for p in params))
+        assert not any("router" in n for n, p in model.named_parameters() if p.requires_grad)
+        untouched = logits(model)
 
-    model.train()
-    y = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
-    (y * g).sum().backward()
-    model.ddp_config = DistributedDataParallelConfig()   # the factors tagged sequence_parallel: summed over TP
-    _allreduce_non_tensor_model_parallel_grads([model], model.config, mpu.get_tensor_model_parallel_group())
-    grads, entries = {}, model.sharded_state_dict()
-    for name, module in model.named_modules():
-        adapter = getattr(module, "lora", None)
-        if not isinstance(adapter, LoRAAdapter):
-            continue
-        # Megatron DDP: a factor flagged allreduce=False (an expert's) is reduced over expert data parallelism,
-        # any other over data parallelism
-        expert_flag = adapter.A.allreduce is False
-        assert expert_flag == adapter.expert and adapter.B.allreduce is adapter.A.allreduce, name
-        group = mpu.get_expert_data_parallel_group() if expert_flag else mpu.get_data_parallel_group()
-        for p in (adapter.A, adapter.B):
-            dist.all_reduce(p.grad, group=group)
-        global_weight = global_name(model, f"{name}.weight")
-        rule = converter.rule(global_weight)
-        sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
-        shards = gathered(getattr(adapter, sharded).grad, adapter.tp_group)
-        grads.update({f"grad.{n}.lora_{sharded}": t.contiguous() for n, t in rule.to_hf(shards, converter.layout)})
-        grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
-        if adapter.expert:   # its checkpoint entry: the layer's experts' key, at the expert's model-wide index
-            entry = entries[f"{name}.lora.A"]
-            expert = int(global_weight.split(".")[6])
-            assert entry.key.endswith("mlp.experts.experts." + name.rsplit(".", 1)[1] + ".lora.A"), entry.key
-            assert entry.global_offset[1] == expert, (name, entry.global_offset)
-    # at TP1 each factor and its gradient are whole on their rank: gathered, and put into PEFT's layout
-    # (rlcore.lora_peft: per projection, the experts of a layer stacked) for the comparison with transformers + PEFT
-    megatron_form = {}
-    for name, module in model.named_modules():
-        adapter = getattr(module, "lora", None)
-        if isinstance(adapter, LoRAAdapter):
-            megatron_form[global_name(model, f"{name}.weight")] = (isinstance(adapter, ColumnLoRA), adapter.A.detach(),
-                                                                   adapter.B.detach(), adapter.A.grad, adapter.B.grad)
-    all_grads, everything = [None] * dist.get_world_size(), {}
-    dist.all_gather_object(all_grads, (grads, megatron_form if tp == 1 else {}))
-    if dist.get_rank() == 0:
+        merged = set_random_adapters(model, converter, hf, cfg, std=0.2)
+        adapted = logits(model)
+        resumed = {}
+        if save_to != "-":
+            save_weights(model, save_to)
+        if resume_from != "-":   # saved at EP1: a fresh model's adapters (another seed) read at this layout
+            fresh, _ = built(hf)
+            add_lora(fresh, LoRAConfig(rank=4, alpha=8.0, seed=1))
+            load_weights(fresh, resume_from)
+            same = all(torch.equal(getattr(a.lora, f), getattr(b.lora, f))
+                       for a, b in zip(model.modules(), fresh.modules())
+                       if isinstance(getattr(a, "lora", None), LoRAAdapter) for f in "AB")
+            resumed = {"resumed": logits(fresh), "resumed_factors_equal": torch.tensor([float(same)])}
+        with adapters_enabled(model, False):
+            off = logits(model)
+        reference, _ = built(merged)   # the base model with the merged weights: full-matrix LoRA, unsharded
+        expected = logits(reference)
+
+        model.train()
+        y = gather_from_tensor_model_parallel_region(model(ids, torch.arange(ids.shape[1]).expand_as(ids), None))
+        (y * g).sum().backward()
+        model.ddp_config = DistributedDataParallelConfig()   # the factors tagged sequence_parallel: summed over TP
+        _allreduce_non_tensor_model_parallel_grads([model], model.config, mpu.get_tensor_model_parallel_group())
+        grads, entries = {}, model.sharded_state_dict()
+        for name, module in model.named_modules():
+            adapter = getattr(module, "lora", None)
+            if not isinstance(adapter, LoRAAdapter):
+                continue
+            # Megatron DDP: a factor flagged allreduce=False (an expert's) is reduced over expert data parallelism,
+            # any other over data parallelism
+            expert_flag = adapter.A.allreduce is False
+            assert expert_flag == adapter.expert and adapter.B.allreduce is adapter.A.allreduce, name
+            group = mpu.get_expert_data_parallel_group() if expert_flag else mpu.get_data_parallel_group()
+            for p in (adapter.A, adapter.B):
+                dist.all_reduce(p.grad, group=group)
+            global_weight = global_name(model, f"{name}.weight")
+            rule = converter.rule(global_weight)
+            sharded, replicated = ("B", "A") if isinstance(adapter, ColumnLoRA) else ("A", "B")
+            shards = gathered(getattr(adapter, sharded).grad, adapter.tp_group)
+            grads.update({f"grad.{n}.lora_{sharded}": t.contiguous() for n, t in rule.to_hf(shards, converter.layout)})
+            grads[f"grad.{rule.megatron}.lora_{replicated}"] = getattr(adapter, replicated).grad
+            if adapter.expert:   # its checkpoint entry: the layer's experts' key, at the expert's model-wide index
+                entry = entries[f"{name}.lora.A"]
+                expert = int(global_weight.split(".")[6])
+                assert entry.key.endswith("mlp.experts.experts." + name.rsplit(".", 1)[1] + ".lora.A"), entry.key
+                assert entry.global_offset[1] == expert, (name, entry.global_offset)
+        # at TP1 each factor and its gradient are whole on their rank: gathered, and put into PEFT's layout
+        # (rlcore.lora_peft: per projection, the experts of a layer stacked) for the comparison with transformers + PEFT
+        megatron_form = {}
+        for name, module in model.named_modules():
+            adapter = getattr(module, "lora", None)
+            if isinstance(adapter, LoRAAdapter):
+                megatron_form[global_name(model, f"{name}.weight")] = (
+                    isinstance(adapter, ColumnLoRA), adapter.A.detach(), adapter.B.detach(), adapter.A.grad,
+                    adapter.B.grad)
+        all_grads, everything = [None] * dist.get_world_size(), {}
+        dist.all_gather_object(all_grads, (grads, megatron_form if tp == 1 else {}))
+        if dist.get_rank() != 0:
+            return {}
         whole = {}
         for other, factors in all_grads:
             whole.update(factors)
@@ -148,7 +152,8 @@ SCRIPT = textwrap.dedent("""
                 for name, t in sorted(whole.items()):
                     if ".local_experts." in name:
                         layer, expert = name.split(".local_experts.")[0], int(name.split(".")[6])
-                        experts.setdefault((layer, name.rsplit(".", 2)[1]), []).append((expert, name, t[a_at], t[b_at]))
+                        experts.setdefault((layer, name.rsplit(".", 2)[1]), []).append((expert, name, t[a_at],
+                                                                                        t[b_at]))
                     else:
                         projections = peft_factors(converter, name, [t[a_at]], [t[b_at]], t[0])
                         dense += projections
@@ -158,14 +163,12 @@ SCRIPT = textwrap.dedent("""
                           for v in experts.values()]
                 state = {**peft_state_dict(dense), **peft_expert_state_dict(layers)}
                 everything.update({prefix + k: v.clone() for k, v in state.items()})
-            with open(out + ".json", "w") as f:
+            with open(names_to, "w") as f:
                 json.dump({"modules": target_modules({m for m, _, _ in dense}, converter.hf_names()),
                            "parameters": expert_target_parameters(layers), "shared_a": sorted(shared_a)}, f)
-        save_file({**resumed, "ids": all_ids, "g": all_g, "base": base, "untouched": untouched, "adapted": adapted,
-                   "off": off, "expected": expected, **everything}, out)
-    del model, reference
-    shutdown_parallel()
-""")
+        return {**resumed, "ids": all_ids, "g": all_g, "base": base, "untouched": untouched, "adapted": adapted,
+                "off": off, "expected": expected, **everything}
+""") + RUN_JOBS
 
 
 # family -> (plugin module, model spec, HF config class, shared experts): Qwen2-MoE adds a gated shared expert
@@ -246,37 +249,34 @@ def exported_adapter_logits(spec, checkpoint, saved, directory, ids):
         return model(input_ids=ids).logits
 
 
-def adapted_moe(tmp_path, checkpoint, family, layout, save_to="-", resume_from="-"):
-    procs, tp, ep, sp = LAYOUTS[layout]
-    out = tmp_path / f"moe-{layout}.safetensors"
-    return (run_ranks(SCRIPT, tmp_path, procs, out, checkpoint, tp, ep, sp, save_to, resume_from,
-                      *FAMILIES[family][:2]), out.with_name(out.name + ".json"))
-
-
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    """family -> (its tiny checkpoint, the EP1 run's outputs, the adapter checkpoint that run saves for the other
-    layouts), each made once."""
-    runs: dict = {}
-
-    def get(family):
-        if family not in runs:
-            directory = tmp_path_factory.mktemp(f"lora_{family}")
-            checkpoint = tiny_moe(directory, family)
-            runs[family] = (checkpoint, *adapted_moe(directory, checkpoint, family, "ep1",
-                                                     save_to=directory / "adapters"), directory / "adapters")
-        return runs[family]
-
-    return get
+def runs(tmp_path_factory):
+    """(family, layout) -> (the run's outputs, its PEFT target names file), for CASES and each family's EP1 run;
+    family -> (its tiny checkpoint, the adapter checkpoint its EP1 run saves for the other layouts to read). Every
+    run of one world size in one torchrun (ranks.RUN_JOBS), the EP1 runs first."""
+    tmp = tmp_path_factory.mktemp("lora_moe")
+    paths, jobs = {}, {}
+    for family in FAMILIES:
+        (tmp / family).mkdir()
+        paths[family] = tiny_moe(tmp / family, family), tmp / family / "adapters"
+    for family, layout in [(family, "ep1") for family in FAMILIES] + CASES:
+        procs, tp, ep, sp = LAYOUTS[layout]
+        saved = str(paths[family][1])
+        save_to, resume_from = (saved, "-") if layout == "ep1" else ("-", saved)
+        jobs[family, layout] = procs, {"run": "moe_job", "args": [
+            str(paths[family][0]), tp, ep, bool(sp), save_to, resume_from, str(tmp / family / f"{layout}.json"),
+            *FAMILIES[family][:2]]}
+    results = run_jobs_by_world(SCRIPT, tmp, jobs)
+    return {key: (got, tmp / key[0] / f"{key[1]}.json") for key, got in results.items()}, paths
 
 
 @pytest.mark.parametrize("family, layout", CASES)
 @pytest.mark.slow
 @pytest.mark.parallel
-def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, one_process, family, layout):
-    checkpoint, one_process, reference_names, saved = one_process(family)   # the EP1 run is the reference
-    got, names = (one_process, reference_names) if layout == "ep1" else adapted_moe(
-        tmp_path, checkpoint, family, layout, resume_from=saved)
+def test_expert_adapters_equal_merged_weights_in_every_layout(tmp_path, runs, family, layout):
+    results, paths = runs
+    checkpoint, saved = paths[family]
+    (got, names), (one_process, _) = results[family, layout], results[family, "ep1"]   # EP1 is the reference
     if layout != "ep1":   # the EP1 checkpoint's adapters, each expert's read by its model-wide index
         assert got["resumed_factors_equal"].item() == 1.0, f"{layout}: the adapters read from EP1's differ"
         assert torch.equal(got["resumed"], got["adapted"])
