@@ -6,12 +6,13 @@ lr * g / (|g| + eps), which inverts exactly), mapped to PEFT's layout by the sam
 ``lora_B`` gradients of the same loss. A fused linear's A is shared by its projections' adapters, so its gradient is
 the sum of theirs. The merged export (base weights from the HF checkpoint) equals PEFT's merge_and_unload.
 
-One torchrun launch per layout runs every family in turn (TP1, TP2; EP2 on the MoE families, their routed experts
-adapted too: Megatron DDP reduces those over expert data parallelism)."""
+One job per layout runs every family in turn (TP1, TP2; EP2 on the MoE families, their routed experts adapted too:
+Megatron DDP reduces those over expert data parallelism); one torchrun per world size runs its layouts' jobs."""
 import textwrap
 
 import pytest
 import torch
+from ranks import RUN_JOBS, run_jobs_by_world
 
 from rlcore.testing import LOGIT_TOLERANCE, tiny_checkpoint
 
@@ -39,10 +40,10 @@ RANK, ALPHA = 4, 8.0
 LR = EPS = 1000.0      # Adam's first update u = -lr * g / (|g| + eps): g = -u * eps / (lr - |u|)
 
 RANK_SCRIPT = textwrap.dedent("""
-    import os, sys, zlib, torch, torch.distributed as dist
+    import os, zlib, torch
     torch.set_num_threads(1)
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from megatron.core import parallel_state as mpu
     from rlcore.config.schema import ActorConfig, LoRASection, OptimConfig, ParallelConfig
     from rlcore.data import Batch
@@ -51,47 +52,46 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.megatron.checkpoint import save_model
     from rlcore.megatron.lora import ColumnLoRA
     from rlcore.megatron.model import read_hf_config, read_hf_weights
-    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore.plugins import load_plugins
     from rlcore.megatron.reshard import adapted_weights
-    logits_file, root = sys.argv[1:3]
-    (tp, ep, rank), (lr, eps, alpha), families = map(int, sys.argv[3:6]), map(float, sys.argv[6:9]), sys.argv[9:]
-    out, all_logits = os.path.dirname(logits_file), {}
     registry = load_plugins(["qwen3", "qwen2", "llama", "mixtral", "deepseek"]).registry
-    batch = Batch(load_file(os.path.join(root, "batch.safetensors")))
-    for family in families:
-        family, targets, sp = family.split(":")
-        path = os.path.join(root, family)
-        sgd_like = OptimConfig(lr=lr, adam_beta1=0.0, adam_eps=eps, clip_grad=0.0)
-        cfg = ActorConfig(micro_batch_size=len(batch), optim=sgd_like,
-                          parallel=ParallelConfig(tp=tp, ep=ep, sp=sp == "sp"),
-                          lora=LoRASection(rank=rank, alpha=alpha, target_modules=targets.split(",")))
-        actor = MegatronActor(registry.get("models", family), read_hf_config(path), cfg,
-                              registry.get("optimizers", "adam"), hf_state=read_hf_weights(path))
-        tp_rank = mpu.get_tensor_model_parallel_rank()
-        with torch.no_grad():   # B random too; the TP-split factor per rank, the replicated one equal on all ranks
-            for name, adapter in adapted_weights(actor.model).items():
-                split = isinstance(adapter, ColumnLoRA) and adapter.tp_size > 1   # an expert's: whole (expert TP 1)
-                g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + (tp_rank if split else 0))
-                adapter.B.copy_(torch.randn(adapter.B.shape, generator=g) * 0.2)
-        save_model(actor, os.path.join(out, family, "before"))
-        dp, dp_rank = actor.dp_size, actor.dp_rank
-        with torch.no_grad():   # padded at the end to a length sequence parallelism splits (causal: no effect)
-            ids = batch["input_ids"]
-            padded = torch.nn.functional.pad(ids, (0, -ids.shape[1] % tp))
-            logits = actor.model(padded, torch.arange(padded.shape[1]).unsqueeze(0), None)[:, : ids.shape[1]]
-            logits = gather_from_tensor_model_parallel_region(logits) if tp > 1 else logits
-        share = batch.select(range(dp_rank * len(batch) // dp, (dp_rank + 1) * len(batch) // dp))
-        tokens = float(batch["response_mask"].sum())
-        actor.train_step(share, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
-                                                          tokens, len(batch)), {}))
-        save_model(actor, os.path.join(out, family, "after"))
-        all_logits[family] = logits.contiguous()
-        del actor      # the next family at the same layout: the parallel groups stay
-    if dist.get_rank() == 0:
-        save_file(all_logits, logits_file)
-    shutdown_parallel()
-""")
+
+    def layout_job(root, out, tp, ep, rank, lr, eps, alpha, families):
+        # every family in turn at one layout (the parallel groups stay): the checkpoints before and after one
+        # update into out, the logits before it returned
+        all_logits = {}
+        batch = Batch(load_file(os.path.join(root, "batch.safetensors")))
+        for family in families:
+            family, targets, sp = family.split(":")
+            path = os.path.join(root, family)
+            sgd_like = OptimConfig(lr=lr, adam_beta1=0.0, adam_eps=eps, clip_grad=0.0)
+            cfg = ActorConfig(micro_batch_size=len(batch), optim=sgd_like,
+                              parallel=ParallelConfig(tp=tp, ep=ep, sp=sp == "sp"),
+                              lora=LoRASection(rank=rank, alpha=alpha, target_modules=targets.split(",")))
+            actor = MegatronActor(registry.get("models", family), read_hf_config(path), cfg,
+                                  registry.get("optimizers", "adam"), hf_state=read_hf_weights(path))
+            tp_rank = mpu.get_tensor_model_parallel_rank()
+            with torch.no_grad():   # B random too; the TP-split factor per rank, the replicated one equal on all ranks
+                for name, adapter in adapted_weights(actor.model).items():
+                    split = isinstance(adapter, ColumnLoRA) and adapter.tp_size > 1   # an expert's: whole (expert TP 1)
+                    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) + (tp_rank if split else 0))
+                    adapter.B.copy_(torch.randn(adapter.B.shape, generator=g) * 0.2)
+            save_model(actor, os.path.join(out, family, "before"))
+            dp, dp_rank = actor.dp_size, actor.dp_rank
+            with torch.no_grad():   # padded at the end to a length sequence parallelism splits (causal: no effect)
+                ids = batch["input_ids"]
+                padded = torch.nn.functional.pad(ids, (0, -ids.shape[1] % tp))
+                logits = actor.model(padded, torch.arange(padded.shape[1]).unsqueeze(0), None)[:, : ids.shape[1]]
+                logits = gather_from_tensor_model_parallel_region(logits) if tp > 1 else logits
+            share = batch.select(range(dp_rank * len(batch) // dp, (dp_rank + 1) * len(batch) // dp))
+            tokens = float(batch["response_mask"].sum())
+            actor.train_step(share, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
+                                                              tokens, len(batch)), {}))
+            save_model(actor, os.path.join(out, family, "after"))
+            all_logits[family] = logits.contiguous()
+            del actor      # the next family at the same layout: the parallel groups stay
+        return all_logits
+""") + RUN_JOBS
 
 
 @pytest.fixture(scope="module")
@@ -115,15 +115,19 @@ def checkpoints(tmp_path_factory):
     return root, registry, batch
 
 
-def run_layout(root, layout: str, families: list[str]):
-    from ranks import run_ranks
-
-    procs, tp, ep = LAYOUTS[layout]
-    out = root / layout
-    out.mkdir()
-    logits = run_ranks(RANK_SCRIPT, out, procs, out / "logits.safetensors", root, tp, ep, RANK, LR, EPS, ALPHA,
-                       *(f"{f}:{','.join(FAMILIES[f][1])}:{'sp' if tp > 1 and f in MOE else '-'}" for f in families))
-    return out, logits
+@pytest.fixture(scope="module")
+def layouts(checkpoints):
+    """layout -> (the folder of its checkpoints, family -> the actor's logits): each layout's families in one job,
+    the jobs of one world size in one torchrun (TP2 and EP2 share one)."""
+    root = checkpoints[0]
+    jobs = {}
+    for layout, (procs, tp, ep) in LAYOUTS.items():
+        families = [f"{f}:{','.join(FAMILIES[f][1])}:{'sp' if tp > 1 and f in MOE else '-'}"
+                    for f in PER_LAYOUT[layout]]
+        jobs[layout] = procs, {"run": "layout_job", "args": [str(root), str(root / layout), tp, ep, RANK, LR, EPS,
+                                                             ALPHA, families]}
+    results = run_jobs_by_world(RANK_SCRIPT, root, jobs)
+    return {layout: (root / layout, logits) for layout, logits in results.items()}
 
 
 def peft_side(path: str, adapter_dir: str, batch):
@@ -213,10 +217,9 @@ def assert_equivalent(root, out, ours, registry, batch, family: str) -> tuple[fl
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_actor_with_random_adapters_equals_transformers_with_peft(checkpoints, layout):
+def test_actor_with_random_adapters_equals_transformers_with_peft(checkpoints, layouts, layout):
     root, registry, batch = checkpoints
-    families = PER_LAYOUT[layout]
-    out, logits = run_layout(root, layout, families)
-    for family in families:
+    out, logits = layouts[layout]
+    for family in PER_LAYOUT[layout]:
         logit_diff, grad_diff = assert_equivalent(root, out, logits[family], registry, batch, family)
         print(f"{layout} {family}: max logit diff {logit_diff:.1e}, max adapter gradient diff {grad_diff:.1e}")
