@@ -11,7 +11,7 @@ optimizer supports only Adam.)"""
 import textwrap
 
 import pytest
-from ranks import run_rank_jobs
+from ranks import RUN_JOBS, run_rank_jobs
 
 from rlcore.megatron.model import read_hf_weights
 
@@ -21,17 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 # Megatron (~15 s) cost 25 times what one step does. Between jobs only Megatron's groups are torn down and rebuilt
 # at the next layout (init_parallel seeds on every call, so a model built later equals one built in a fresh process).
 RANK_SCRIPT = textwrap.dedent("""
-    import json, sys, torch, torch.distributed as dist
+    import torch
     torch.set_num_threads(1)
-    from megatron.core import parallel_state as mpu
-    from safetensors.torch import save_file
     from rlcore.config.schema import ActorConfig, OptimConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.critic import MegatronCritic
     from rlcore.megatron.model import read_hf_config, read_hf_weights
-    from rlcore.megatron.parallel import shutdown_parallel
     from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
 
@@ -64,15 +61,8 @@ RANK_SCRIPT = textwrap.dedent("""
                                                              mb["response_mask"], "token-mean", tokens, len(batch)),
                                                    {}))
         return {"values": model.values(batch) * batch["response_mask"]}
+""") + RUN_JOBS
 
-    for job in json.load(open(sys.argv[1])):
-        weights = one_step(*job["args"])
-        if dist.get_rank() == 0:
-            save_file(weights, job["out"])
-        del weights
-        mpu.destroy_model_parallel()   # the next job's layout builds its own groups
-    shutdown_parallel()
-""")
 LAYOUTS = {   # name: (processes, tp, pp, cp, micro-batch size, sequence parallel, token budget per micro-batch,
              #        actor's logprob_chunk_tokens, sequences packed into one row)
     "one-process-microbatched": (1, 1, 1, 1, 3, 0, 0, 0, 0),
@@ -131,7 +121,7 @@ def steps(tmp_path_factory, tiny_qwen3):
     results = {}
     for procs in (1, 2):
         keys = [key for key in wanted if (LAYOUTS.get(key[2]) or REFERENCE)[0] == procs]
-        jobs = [{"args": [str(checkpoints[model]), role, *(LAYOUTS.get(layout) or REFERENCE)[1:]]}
+        jobs = [{"run": "one_step", "args": [str(checkpoints[model]), role, *(LAYOUTS.get(layout) or REFERENCE)[1:]]}
                 for model, role, layout in keys]
         directory = tmp / f"world{procs}"
         directory.mkdir()
