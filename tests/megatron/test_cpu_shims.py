@@ -23,8 +23,9 @@ from rlcore.megatron.patches import registry
 # shims it runs without and builds and trains its case, in processes as fresh as a new one's for what the shims patch,
 # without paying ~8 s of imports per process; a two-process case forks its two ranks, which meet over gloo.
 RUNNER = textwrap.dedent("""
-    import json, os, signal, socket, sys, time, traceback, types
+    import json, os, signal, sys, time, traceback, types
     import torch
+    from rlcore.launch import free_port
     from rlcore.megatron import patches
     from rlcore.config.schema import ActorConfig, ParallelConfig
     from rlcore.data import Batch, build_sequences
@@ -148,11 +149,6 @@ RUNNER = textwrap.dedent("""
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
-
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
     def run_jobs(jobs):
         results = {}
