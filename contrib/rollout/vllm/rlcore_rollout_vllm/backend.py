@@ -48,6 +48,10 @@ class VLLMRollout(RolloutBackend):
             from rlcore_rollout_vllm.cpu_shm_names import run_scoped_shm_names
 
             run_scoped_shm_names()
+        if not torch.cuda.is_available():
+            from rlcore_rollout_vllm.cpu_eager_ranks import eager_token_ranks
+
+            eager_token_ranks()
         # on CPU a seeded request whose prefill is split over engine steps fails (vLLM 0.32 rewinds the request's
         # generator, which a CPU generator cannot; many multi-turn requests at once split them): prefills run whole
         options: dict[str, Any] = {} if torch.cuda.is_available() else {"enable_chunked_prefill": False}
