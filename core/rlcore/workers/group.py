@@ -80,8 +80,37 @@ def start_ray(cfg: Config) -> None:
         # (ray.init() would try to join the one in /tmp/ray/ray_current_cluster and fail on num_cpus)
         workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
         workers += cfg.rollout.world_size if cfg.trainer.mode == "async" else 0
-        ray.init(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
-                 log_to_driver=True)
+        start_local_ray(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
+                        log_to_driver=True)
+
+
+RAY_START_TIMEOUT = "timed out during startup"    # the end of Ray's wait for the node's raylet to register
+RAY_START_TRIES = 3
+
+
+def start_local_ray(**options) -> None:
+    """``ray.init(**options)`` of an embedded node. Ray gives the node's raylet 30 s to register with its GCS
+    (hard-coded in ray/_private/node.py); with every core busy it has needed longer (2 cores under a test suite), so
+    a start that timed out so is tried again, up to RAY_START_TRIES times, once the processes it started are gone."""
+    import psutil
+    import ray
+
+    for attempt in range(1, RAY_START_TRIES + 1):
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            ray.init(**options)
+            return
+        except Exception as error:
+            if RAY_START_TIMEOUT not in str(error) or attempt == RAY_START_TRIES:
+                raise
+        ray.shutdown()
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        for process in started:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(started, timeout=10)
 
 
 class WorkerGroup:
