@@ -1,20 +1,26 @@
 """How tests start, watch and kill `rlcore run` as a user would run it: the checkpoint tests kill a whole run and
 resume it, the dead-worker test kills one of its Ray workers."""
+import atexit
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from zygote import Zygote
+
 STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]   # the preset, fewer RL steps
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+_ZYGOTE = Zygote()            # forks this test process's `rlcore run`s (tests/zygote.py)
+atexit.register(_ZYGOTE.close)
 # the runs kept out of the suite's time (each with a comment naming what covers its parts in every run)
 ON_REQUEST = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
 
@@ -28,14 +34,37 @@ def rlcore_run(run_dir, warm_start_cache, *extra, preset="quickstart", plugins="
                       "run.progress=false", f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *extra]
 
 
-def run_to_end(cmd, env=ENV):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+def run_cli(cmd, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """``cmd`` run to its end, its output captured as text: subprocess.run(capture_output=True, text=True), but
+    forked where it can be (``start``), and its whole process group killed after ``timeout`` s. ``env``: this
+    process's environment by default."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = start(cmd, stdout=out, stderr=err, env=dict(os.environ) if env is None else env)
+        try:
+            code = process.wait(timeout=timeout)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, code, out.read(), err.read())
+
+
+def run_to_end(cmd, env=ENV, timeout=600) -> subprocess.CompletedProcess:
+    """``run_cli``, asserted to exit 0."""
+    result = run_cli(cmd, env, timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
 
-def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV) -> subprocess.Popen:
-    """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray."""
+def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
+    """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray: forked from
+    this test process's zygote where it is an `rlcore run` the zygote can fork (tests/zygote.py), else a process of
+    its own. Either has Popen's pid, poll(), wait() and returncode. ``stdout``/``stderr``: DEVNULL or open files."""
+    if _ZYGOTE.forkable(cmd, env):
+        with open(os.devnull, "w") as devnull:
+            fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
+            return _ZYGOTE.spawn(cmd, env, *fds)
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
 
 
@@ -55,8 +84,6 @@ def wait_until(process, condition, timeout=1200):
 def kill_when(cmd, condition, timeout=1200):
     """Start ``cmd``, SIGKILL it as soon as ``condition()`` holds; returns what the condition saw. A run that ends
     first fails the test with the end of its stderr (kept in a temporary file: a pipe nobody reads would block it)."""
-    import tempfile
-
     with tempfile.TemporaryFile("w+") as stderr:
         process = start(cmd, stderr=stderr)
         try:

@@ -4,13 +4,12 @@ a run killed while a checkpoint is being written resumes from the previous one, 
 import json
 import os
 import random
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from runs import ENV, EVERY, ON_REQUEST, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
+from runs import ENV, EVERY, ON_REQUEST, STEPS, kill_when, logged, rlcore_run, run_cli, run_to_end, without_timings
 
 CASES = {   # at world size 1; PPO with its critic and an adaptive KL coefficient; TP2 x PP2 on four Ray workers;
             # LoRA (rank 8) at TP2 with a KL reference on two
@@ -95,9 +94,9 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
 
     run_dir = uninterrupted("tp2xpp2", run_dir=True)
     out = tmp_path / "exported"
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--max-shard-gb=0.001",
-                             str(run_dir / "checkpoints" / f"step_{STEPS:08d}"), str(out)],
-                            capture_output=True, text=True, timeout=300, env=ENV)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--max-shard-gb=0.001",
+                      str(run_dir / "checkpoints" / f"step_{STEPS:08d}"), str(out)],
+                     timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     exported, live = read(out), read(run_dir / "hf")
     assert sorted(exported) == sorted(live)
@@ -190,8 +189,8 @@ def test_generator_states_round_trip_through_json():
 
 
 def test_resume_of_a_directory_that_is_not_a_run_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--resume", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--resume", str(tmp_path)],
+                     timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"rlcore: error: --resume {str(tmp_path)!r}: not a run "
                                                       f"directory (no config.yaml)")
@@ -239,8 +238,8 @@ def test_a_checkpoint_of_another_model_or_plugin_set_is_refused_in_one_line(run_
     if "plugins" in change:
         saved["plugins"].append({"name": change["plugins"]})
     state_file.write_text(json.dumps(saved))
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "--resume",
-                             str(run_dir)], capture_output=True, text=True, timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "--resume",
+                      str(run_dir)], timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
     force = "; resume anyway with trainer.resume_strict=false"

@@ -1,13 +1,13 @@
 """Each user mistake: non-zero exit and one clear line on stderr, before any model or engine starts."""
-import subprocess
 import sys
 
 import pytest
 
+from runs import run_cli
+
 
 def rlcore(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "rlcore.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_cli([sys.executable, "-m", "rlcore.cli", *args], timeout=timeout)
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -4,6 +4,8 @@ import pytest
 
 from rlcore.convert import Layout, Rename, WeightConverter
 
+from runs import run_cli
+
 
 def converter():
     rules = [Rename("decoder.layers.{layer}.input_layernorm.weight", "model.layers.{layer}.input_layernorm.weight"),
@@ -35,7 +37,6 @@ def test_unknown_parameter_is_named():
 def converted(tmp_path_factory):
     """A tiny Qwen3 HF checkpoint (its tokenizer one token per character) through `rlcore convert` at its default
     dtype, bfloat16."""
-    import subprocess
     import sys
 
     from rlcore.testing import tiny_checkpoint
@@ -46,8 +47,8 @@ def converted(tmp_path_factory):
     tiny_checkpoint(QWEN3, str(hf), hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                     ffn_hidden_size=64, max_position_embeddings=32)
     write_char_tokenizer(str(hf))
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "convert", str(hf), str(out), "--plugins=qwen3"],
-                            capture_output=True, text=True, timeout=600)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "convert", str(hf), str(out), "--plugins=qwen3"],
+                     timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -55,7 +56,6 @@ def converted(tmp_path_factory):
 def test_a_converted_checkpoint_at_another_dtype_than_the_actors_is_refused_before_anything_starts(converted,
                                                                                                      tmp_path):
     import json
-    import subprocess
     import sys
 
     assert json.loads((converted / "rlcore_converted.json").read_text())["dtype"] == "bfloat16"
@@ -63,10 +63,9 @@ def test_a_converted_checkpoint_at_another_dtype_than_the_actors_is_refused_befo
                 "actor.dtype is float32: set actor.dtype=bfloat16 or convert again with --dtype float32"]
     args = ["--plugins=qwen3,grpo,vllm", f"model.path={converted}", "actor.dtype=float32"]
     for extra in ([f"run.dir={tmp_path / 'run'}"], ["--dry-run"]):
-        result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", *args, *extra], capture_output=True,
-                                text=True, timeout=120)
+        result = run_cli([sys.executable, "-m", "rlcore.cli", "run", *args, *extra], timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")] == expected
-    agreeing = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", *args[:-1], "actor.dtype=bfloat16",
-                               "--dry-run"], capture_output=True, text=True, timeout=120)
+    agreeing = run_cli([sys.executable, "-m", "rlcore.cli", "run", *args[:-1], "actor.dtype=bfloat16",
+                        "--dry-run"], timeout=120)
     assert agreeing.returncode == 0, agreeing.stderr[-2000:]

@@ -1,6 +1,5 @@
 """`rlcore run --dry-run`: the published large-scale presets fit their models (sizes from bundled HF configs,
 parameter counts as published), broken layouts are refused with the reason, and nothing starts."""
-import subprocess
 import sys
 
 import pytest
@@ -9,6 +8,8 @@ from rlcore.config import load_config
 from rlcore.config.loader import preset_names
 from rlcore.plugins import load_plugins
 from rlcore.sizing import dry_run
+
+from runs import run_cli
 
 LARGE = [p for p in preset_names() if p.endswith("gpu")]
 PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16,
@@ -116,14 +117,13 @@ def test_dry_run_refuses_a_quantization_the_run_cannot_load(tmp_path):
 
 
 def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu"],
-                        capture_output=True, text=True, timeout=120)
+    ok = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu"],
+                 timeout=120)
     assert ok.returncode == 0 and "671.0B parameters" in ok.stdout, ok.stderr[-2000:]
-    bad = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu",
-                          "actor.parallel.last_stage_layers=0"], capture_output=True, text=True, timeout=120)
+    bad = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "deepseek-v3-671b-128gpu",
+                   "actor.parallel.last_stage_layers=0"], timeout=120)
     assert bad.returncode == 2 and "61 layers do not split evenly over actor.parallel.pp = 16" in bad.stderr
-    none = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run"], capture_output=True, text=True,
-                          timeout=120)
+    none = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--dry-run"], timeout=120)
     assert none.returncode == 2 and "needs the model's sizes: set model.path" in none.stderr
 
 

@@ -4,12 +4,11 @@ same first step as the run started from the HF checkpoint (every metric but timi
 weights and given the actor's at the first push (the engine check passes)."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
-from runs import ON_REQUEST
+from runs import ON_REQUEST, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -19,9 +18,8 @@ TP2XPP2 = ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"]
 @pytest.fixture(scope="module")
 def converted(quickstart, tmp_path_factory):
     out = tmp_path_factory.mktemp("converted") / "ckpt"
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "convert", quickstart.model_path, str(out), "--tp=2",
-                             "--pp=2", "--dtype=float32", "--plugins=qwen3"], capture_output=True, text=True,
-                            timeout=600, env=ENV)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "convert", quickstart.model_path, str(out), "--tp=2",
+                      "--pp=2", "--dtype=float32", "--plugins=qwen3"], timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     return quickstart.model_path, str(out)
 
@@ -44,10 +42,10 @@ def test_converted_weights_equal_the_hf_files(converted):
 
 
 def first_step(model_path: str, run_dir, *overrides: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
-                             f"model.path={model_path}", "trainer.steps=1", "trainer.check_logprobs_every=1",
-                             "trainer.export_hf=false", "run.progress=false", "trainer.loggers=[jsonl]",
-                             f"run.dir={run_dir}", *overrides], capture_output=True, text=True, timeout=600, env=ENV)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
+                      f"model.path={model_path}", "trainer.steps=1", "trainer.check_logprobs_every=1",
+                      "trainer.export_hf=false", "run.progress=false", "trainer.loggers=[jsonl]",
+                      f"run.dir={run_dir}", *overrides], timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         (metrics,) = [json.loads(line) for line in f]

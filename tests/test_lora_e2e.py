@@ -5,13 +5,12 @@ adapter (adapter/) is `rlcore export`'s, which PEFT merges onto the base into hf
 reference policy is the starting model with the adapters off."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from runs import SHORT_QUICKSTART
+from runs import SHORT_QUICKSTART, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -42,9 +41,9 @@ def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_s
     test process's shared quickstart run)."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
-                             *SHORT_QUICKSTART, *LORA, f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}",
-                             "trainer.save_every=50"], capture_output=True, text=True, timeout=900, env=env)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
+                      *SHORT_QUICKSTART, *LORA, f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}",
+                      "trainer.save_every=50"], timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     s = json.load(open(run_dir / "summary.json"))
     history = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
@@ -58,15 +57,15 @@ def test_quickstart_learns_with_lora_and_exports_merged_weights(tmp_path, warm_s
     # merges the adapters as the run's own export does
     checkpoint = str(run_dir / "checkpoints" / "step_00000050")
     out = tmp_path / "exported"
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--merged", checkpoint,
-                             str(out)], capture_output=True, text=True, timeout=300, env=env)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--merged", checkpoint,
+                      str(out)], timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     exported, live = read_hf(out), read_hf(hf_dir)
     assert sorted(exported) == sorted(live)
     assert max(float((exported[n] - live[n]).abs().max()) for n in live) < 1e-6
     # the run's PEFT adapter (adapter/) equals `rlcore export`'s, and PEFT merged onto the base gives hf/
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", checkpoint,
-                             str(tmp_path / "adapter")], capture_output=True, text=True, timeout=300, env=env)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", checkpoint,
+                      str(tmp_path / "adapter")], timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     adapter, run_adapter = read_hf(tmp_path / "adapter"), read_hf(run_dir / "adapter")
     assert sorted(adapter) == sorted(run_adapter) and all(torch.equal(adapter[n], run_adapter[n]) for n in adapter)

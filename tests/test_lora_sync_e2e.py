@@ -5,10 +5,11 @@ with the trainer's tolerance (the run stops past it). Had the engine not applied
 stopped the run at step 2 (measured: max |logprob diff| 0.64 > 0.001)."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -27,11 +28,11 @@ def test_adapters_only_sync_passes_the_engine_check(tmp_path, warm_start_cache, 
     """As a user launches it, in its own process."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
-                             "trainer.steps=3", "trainer.eval_every=0", "run.progress=false", "trainer.export_hf=false",
-                             *ADAPTERS, f"trainer.mode={mode}", "rollout.max_staleness=0", f"run.dir={run_dir}",
-                             f"warm_start.cache_dir={warm_start_cache}"],
-                            capture_output=True, text=True, timeout=600, env=env)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
+                      "trainer.steps=3", "trainer.eval_every=0", "run.progress=false", "trainer.export_hf=false",
+                      *ADAPTERS, f"trainer.mode={mode}", "rollout.max_staleness=0", f"run.dir={run_dir}",
+                      f"warm_start.cache_dir={warm_start_cache}"],
+                     timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     history = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert len(history) == 3 and all(h["check/logprob_max_diff"] < 1e-3 for h in history), history

@@ -1,12 +1,11 @@
 """trainer.profile_steps: a real 3-step quickstart run on two Ray workers profiles step 2 only, a chrome trace and a
 memory record per worker rank and phase; bad values are refused in one line before anything starts."""
 import json
-import subprocess
 import sys
 
 import pytest
 
-from runs import run_to_end
+from runs import run_cli, run_to_end
 
 PHASES = ("sync", "rollout", "logprobs", "train")
 
@@ -47,7 +46,7 @@ def test_a_profiled_step_leaves_a_trace_per_rank_and_phase(tmp_path, warm_start_
     ("two", "config key 'trainer.profile_steps[0]' has an invalid value 'two'"),
 ])
 def test_bad_profile_steps_are_one_line(value, expected):
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "quickstart", "trainer.steps=3",
-                             f"trainer.profile_steps={value}"], capture_output=True, text=True, timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--dry-run", "quickstart", "trainer.steps=3",
+                      f"trainer.profile_steps={value}"], timeout=120)
     lines = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
     assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr[-2000:]

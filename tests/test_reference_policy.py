@@ -2,7 +2,6 @@
 to the host between its passes (actor.offload.reference) without changing a number."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,8 @@ import torch
 
 from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
+
+from runs import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +71,9 @@ KL_RUN = ["algorithm.kl_coef=0.1", "actor.offload.params=true", "trainer.steps=3
 def kl_run(run_dir, warm_start_cache, *overrides) -> list[dict]:
     """Each step's metrics but timings. In a process of its own: closing a run in this one would tear down the
     process group the session's quickstart still uses."""
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
-                             *KL_RUN, f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *overrides],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "quickstart",
+                      *KL_RUN, f"run.dir={run_dir}", f"warm_start.cache_dir={warm_start_cache}", *overrides],
+                     timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]

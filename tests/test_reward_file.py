@@ -1,11 +1,12 @@
 """A reward function loaded from a file (task.reward_fn): rlcore's batched signature and verl's compute_score."""
-import subprocess
 import sys
 
 import pytest
 
 from rlcore.errors import ConfigError
 from rlcore.rewards import load_reward_file
+
+from runs import run_cli
 
 BATCHED = '''
 def longer_is_better(responses, metadata):
@@ -61,8 +62,8 @@ def test_a_run_scores_with_the_file_reward(tmp_path):
 
 
 def test_cli_refuses_a_missing_reward_file_in_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", f"task.reward_fn={tmp_path}/none.py:score"],
-                            capture_output=True, text=True, timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", f"task.reward_fn={tmp_path}/none.py:score"],
+                     timeout=120)
     assert result.returncode == 2
     assert result.stderr.rstrip().splitlines()[-1] == \
         f"rlcore: error: task.reward_fn: the file '{tmp_path}/none.py' does not exist", result.stderr[-2000:]

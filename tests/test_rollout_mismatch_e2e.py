@@ -4,10 +4,11 @@ correction applies are the ratios capped at the threshold; and the rollout's log
 policy, which skips the old-logprob forward pass."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -18,9 +19,9 @@ COMMON = ["quickstart", "warm_start.steps=0", "actor.dtype=bfloat16", "actor.min
 
 
 def run(run_dir, *overrides) -> list[dict]:
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *COMMON,
-                             f"run.dir={run_dir}", *overrides], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *COMMON,
+                      f"run.dir={run_dir}", *overrides], timeout=600,
+                     env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

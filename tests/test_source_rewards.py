@@ -1,7 +1,6 @@
 """Rewards by data_source: a mixed dataset scores each row with the reward of its source (verl's dataset names map to
 the built-in rewards), a source without one is refused before anything starts, naming the sources and rewards."""
 import math
-import subprocess
 import sys
 
 import pyarrow as pa
@@ -12,6 +11,8 @@ from rlcore.config import load_config
 from rlcore.errors import ConfigError
 from rlcore.plugins import load_plugins
 from rlcore.rewards import RewardComposer, SourceDispatch, build_rewards
+
+from runs import run_cli
 
 GSM8K_ROW = ("She sold 72 in all.\n#### 72", {"answer": "72", "data_source": "openai/gsm8k"})
 MATH_ROW = ("so the answer is \\boxed{\\frac{1}{2}}", {"answer": "0.5", "data_source": "lighteval/MATH"})
@@ -76,9 +77,9 @@ def test_cli_refuses_an_unmapped_source_before_workers_start(tmp_path):
     rows = [{"data_source": "my_set", "prompt": [{"role": "user", "content": "1+1="}],
              "reward_model": {"ground_truth": "2"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "task.name=dataset",
-                             f"task.options.train_files=[{tmp_path / 'train.parquet'}]"],
-                            capture_output=True, text=True, timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", "task.name=dataset",
+                      f"task.options.train_files=[{tmp_path / 'train.parquet'}]"],
+                     timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("rlcore: error:")]
     assert len(lines) == 1 and "no reward for data_source 'my_set'. Sources found: my_set (1 rows)" in lines[0]

@@ -2,7 +2,6 @@
 bad key or value, and an environment or parser no plugin registered, is refused in one line before any worker or
 engine starts (the Run's directory is not even made), on ``rlcore run`` and on ``--dry-run`` alike. Quick: no model,
 no training."""
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,8 @@ from rlcore.errors import ConfigError, PluginError
 from rlcore.plugins import load_plugins
 from rlcore_agent_tools.agent import AgentConfig
 from rlcore_agent_tools.metrics import agent_metrics
+
+from runs import run_cli
 
 PLUGINS = ["qwen3", "grpo", "vllm", "tools"]
 
@@ -69,9 +70,9 @@ def test_the_run_records_the_bound_section_and_logs_the_agents_metrics(tmp_path,
 
 
 def test_rlcore_run_with_an_unknown_environment_fails_in_one_line_before_any_engine(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=" + ",".join(PLUGINS),
-                           "tool-calculator", "agent.environment=no_such_env", f"run.dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=" + ",".join(PLUGINS),
+                    "tool-calculator", "agent.environment=no_such_env", f"run.dir={tmp_path / 'run'}"],
+                   timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.splitlines() == [
         "rlcore: error: no environment named 'no_such_env' is registered (registered: calculator, python, "

@@ -2,12 +2,13 @@
 own layout next to a tensor-parallel actor, with an adaptive KL penalty to the reference policy."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from rlcore.testing import reward_gain
+
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -16,8 +17,8 @@ def rlcore_run(run_dir, *overrides, timeout=900):
     command = [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,ppo,vllm", "algorithm.name=ppo",
                "trainer.eval_every=0", "run.progress=false", "trainer.export_hf=false", f"run.dir={run_dir}",
                *overrides]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli(command, timeout=timeout,
+                     env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     return (json.load(open(run_dir / "summary.json")),
             [json.loads(line) for line in open(run_dir / "metrics.jsonl")])

@@ -2,7 +2,6 @@
 the quickstart task's held-out accuracy."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,8 @@ import torch
 
 from rlcore.testing import reward_gain
 from rlcore_algo_rloo import RLOOConfig, clipped_reinforce_loss, leave_one_out_advantages
+
+from runs import run_cli
 
 
 def test_leave_one_out_advantages_by_hand():
@@ -46,11 +47,11 @@ def test_bad_options_name_the_key():
 @pytest.mark.e2e
 def test_rloo_learns_the_quickstart(tmp_path):
     run = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,rloo,vllm",
-                             "algorithm.name=rloo", "trainer.steps=60", "trainer.eval_every=0",
-                             "run.progress=false", "trainer.export_hf=false", f"run.dir={run}",
-                             f"warm_start.cache_dir={tmp_path / 'warm_start'}"],
-                            capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,rloo,vllm",
+                      "algorithm.name=rloo", "trainer.steps=60", "trainer.eval_every=0",
+                      "run.progress=false", "trainer.export_hf=false", f"run.dir={run}",
+                      f"warm_start.cache_dir={tmp_path / 'warm_start'}"],
+                     timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.load(open(run / "summary.json"))
     provenance = json.load(open(run / "run.json"))

@@ -19,6 +19,8 @@ from rlcore_verl.keys import IGNORED, REFUSED, TABLE, TRANSLATED, lookup
 from rlcore_verl.script import read_script
 from rlcore_verl.translate import families_of, translate
 
+from runs import run_cli
+
 ROOT = Path(__file__).resolve().parents[4]                     # the checkout: configs/, docs/, scripts/
 EXAMPLES = Path(__file__).resolve().parent / "data" / "verl"
 ARR = "actor_rollout_ref"
@@ -465,7 +467,6 @@ def _metrics(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_verl_gsm8k_command_line_runs_as_the_same_run_in_rlcore_keys(tmp_path, chat_tokenizer):
-    import subprocess
     import sys
 
     ckpt = _gsm8k_job(tmp_path, chat_tokenizer)
@@ -495,9 +496,9 @@ def test_a_verl_gsm8k_command_line_runs_as_the_same_run_in_rlcore_keys(tmp_path,
     runs = {}
     for name, flags, args in (("verl", ["--verl"], verl), ("rlcore", [], rlcore_keys)):
         run_dir = tmp_path / name
-        result = subprocess.run([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *flags,
-                                 "quickstart", *args, "run.progress=false", f"run.dir={run_dir}"],
-                                capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,grpo,vllm", *flags,
+                          "quickstart", *args, "run.progress=false", f"run.dir={run_dir}"],
+                         timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stderr[-4000:]
         runs[name] = _metrics(run_dir)
     assert [row["step"] for row in runs["verl"]] == [1, 2, 3]
