@@ -1,12 +1,13 @@
 """`rlcore run` processes forked from a process that has already imported torch, transformers, megatron-core and vLLM.
 
 Each run the tests start is a whole `python -m rlcore.cli ...` process, and before it does anything it imports those
-libraries: ~15 s of CPU quiet, ~50 s beside the rest of the suite on two cores, for runs whose own work is often less.
-A zygote (one per test process) imports them once and forks a child per run; the child takes the run's argv,
-environment, working directory and standard streams, then runs ``rlcore.cli`` as ``python -m`` does, and exits
-through the interpreter's normal path (atexit handlers, Ray's shutdown). rlcore itself is imported fresh in every
-child. The zygote imports and computes nothing else (one thread, no torch thread pool, no Ray cluster), so a fork
-is what a fresh interpreter would be after the same imports.
+libraries: ~12 s of CPU on a quiet machine, ~50 s of wall beside the rest of the suite on two cores, for runs whose
+own work is often less (the quickstart's 2 steps: 23 s exec'd, 7 s forked). A zygote (one per test process) imports
+them once and forks a child per run; the child takes the run's argv, environment, working directory and standard
+streams, runs ``rlcore.cli`` as ``python -m`` does, and exits as the interpreter does (threads joined, atexit
+handlers: Ray's shutdown, temporary files) but for the teardown of every module. rlcore itself is imported fresh in
+every child. The zygote imports and computes nothing else (one thread, no torch thread pool, no Ray cluster), so a
+fork is what a fresh interpreter would be after the same imports.
 
 A run is forked only where nothing read at import could differ: the same interpreter, an environment equal to the
 zygote's but for PYTHONPATH (put on sys.path as the interpreter would), and no SGLang (which patches transformers as
@@ -44,16 +45,24 @@ def serve(path: str) -> list[str] | None:
     listener.listen(16)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
+    ended, wake = socket.socketpair()          # a child's end wakes the loop (SIGCHLD through Python's wakeup fd)
+    wake.setblocking(False)
+    signal.set_wakeup_fd(wake.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    selector.register(ended, selectors.EVENT_READ, "ended")
     children: dict[int, socket.socket] = {}
     while True:
-        for key, _ in selector.select(timeout=0.05):
+        for key, _ in selector.select(timeout=1):
             if key.data == "parent":
                 for pid in children:
                     _kill_group(pid)
                 return None
+            if key.data == "ended":
+                ended.recv(4096)
+                continue
             if key.data == "accept":
                 connection, _ = listener.accept()
                 selector.register(connection, selectors.EVENT_READ, "request")
@@ -68,11 +77,10 @@ def serve(path: str) -> list[str] | None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                selector.close()
-                listener.close()
-                for other in children.values():
-                    other.close()
-                connection.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for sock in (selector, listener, ended, wake, connection, *children.values()):
+                    sock.close()
                 return _become(request, fds)
             for fd in fds:
                 os.close(fd)
@@ -221,6 +229,7 @@ class Zygote:
         self.process: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
         self.path = ""
+        self.owner = os.getpid()       # a process forked from this one (a test's) leaves the zygote alone
 
     def forkable(self, cmd: list[str], env: dict[str, str]) -> bool:
         if os.environ.get("RLCORE_TEST_FORK") == "0" or cmd[:3] != [sys.executable, "-m", MODULE]:
@@ -259,7 +268,7 @@ class Zygote:
             raise RuntimeError(f"the test zygote failed to start (exit {self.process.wait()})")
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if os.getpid() == self.owner and self.process is not None and self.process.poll() is None:
             assert self.process.stdin is not None
             self.process.stdin.close()
             self.process.wait(timeout=60)
