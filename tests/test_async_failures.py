@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from runs import ENV, async_quickstart, install_distribution, logged, ray_workers, run_to_end, start, wait_until
+from runs import ENV, ON_REQUEST, async_quickstart, install_distribution, logged, ray_workers, run_to_end, start, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
 
@@ -164,6 +164,7 @@ def test_a_hung_request_is_timed_out_and_counted(tmp_path, warm_start_cache, sle
     assert max(h["time/step"] for h in history) < TIMEOUT_S + 30, [h["time/step"] for h in history]
 
 
+@ON_REQUEST         # the suite's time: a run and a 45 s wait to show that the test above hangs something real
 def test_without_a_timeout_the_hung_request_hangs_the_run(tmp_path, warm_start_cache, sleepy):
     """The other side of the test above: the hang is real (a push waits for the requests in flight)."""
     env, marker = sleepy

@@ -41,12 +41,15 @@ def uninterrupted(tmp_path_factory, warm_start_cache):
 
 # tp2xpp2 on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time (three 4-worker runs, ~500 s under CI load): in
 # every run, lora-tp2 kills and resumes a multi-worker run, test_resharded_resume saves and loads pipeline stages'
-# weights and optimizer state exactly, and the export test below reads the uninterrupted tp2xpp2 run's checkpoint
+# weights and optimizer state exactly, and the export test below reads the uninterrupted tp2xpp2 run's checkpoint.
+# ppo on request too: test_resharded_resume's critic cases save and load the critic's weights and optimizer state
+# exactly, and lora-tp2 kills and resumes a run with a KL reference policy
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[ON_REQUEST] if c == "tp2xpp2" else []) for c in sorted(CASES)])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[ON_REQUEST] if c in ("tp2xpp2", "ppo") else [])
+                                  for c in sorted(CASES)])
 def test_killed_at_a_random_step_and_resumed_logs_what_the_uninterrupted_run_logged(tmp_path, warm_start_cache,
                                                                                  uninterrupted, case):
     kill_at = random.randint(EVERY + 1, STEPS - 1)

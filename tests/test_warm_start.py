@@ -12,6 +12,8 @@ from rlcore.plugins import load_plugins
 from rlcore.rewards import build_rewards
 from rlcore.warm_start import WarmStart
 
+from runs import ON_REQUEST
+
 
 def quickstart_warm_start(directory, seed: int, perturb: float = 0.0, **settings) -> WarmStart:
     """The quickstart preset's tiny model and warm start for ``seed``; ``perturb`` is added to every initial
@@ -37,12 +39,12 @@ def quickstart_warm_start(directory, seed: int, perturb: float = 0.0, **settings
 
 
 # seed 0 is the preset's: every end-to-end test's warm-start cache runs it (a missed target is an error there); here
-# two other seeds and the last-bit change that once broke a fixed step count
+# two other seeds and the last-bit change that once broke a fixed step count (seed 4 on request, for the suite's time)
 CASES = {f"seed{s}": dict(seed=s) for s in (2, 4)} | {"seed0-perturbed-1e-7": dict(seed=0, perturb=1e-7)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[ON_REQUEST] if c == "seed4" else []) for c in CASES])
 def test_the_quickstart_warm_start_reaches_its_target(tmp_path, case):
     run = quickstart_warm_start(tmp_path, **CASES[case])
     result = run.run()

@@ -17,12 +17,11 @@ if importlib.util.find_spec("sglang") is None:
     pytest.skip("SGLang is not installed (contrib/rollout/sglang/requirements-sglang.txt)", allow_module_level=True)
 
 SGLANG = ["rollout.backend=sglang"]
-# every run: TP2 training with SGLang's own TP2; PP2 with an engine per rank; Qwen3-MoE with its experts over 2 ranks
-# (data-parallel 2 for everything else), an engine per rank
-EVERY_RUN = ["tp2-rollout_tp2", "pp2", "moe-ep2"]
+# every run: TP2 training with SGLang's own TP2; PP2 with an engine per rank
+EVERY_RUN = ["tp2-rollout_tp2", "pp2"]
 # the rest of the vLLM layouts that run on CPU, on request (RLCORE_ALL_LAYOUTS=1): ~1.5 min each, and their
-# resharded stream is the one the vLLM layouts check
-LAYOUTS_ON_REQUEST = ["tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
+# resharded stream is the one the vLLM layouts check (SGLang's loading of MoE experts: test_qwen2_grpo's qwen2_moe)
+LAYOUTS_ON_REQUEST = ["moe-ep2", "tp2", "dp2", "dp2-rollout_tp2", "moe-ep2-rollout_tp2", "pp2-uneven", "tp2-sp", "cp2",
               "qwen2-tp2-rollout_tp2", "llama-tp2-rollout_tp2", "qwen2_moe-ep2-rollout_tp2"]
 
 
