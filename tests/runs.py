@@ -61,10 +61,11 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
     """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray: forked from
     this test process's zygote where it is an `rlcore run` the zygote can fork (tests/zygote.py), else a process of
     its own. Either has Popen's pid, poll(), wait() and returncode. ``stdout``/``stderr``: DEVNULL or open files."""
-    if _ZYGOTE.forkable(cmd, env):
-        with open(os.devnull, "w") as devnull:
-            fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
-            return _ZYGOTE.spawn(cmd, env, *fds)
+    with open(os.devnull, "w") as devnull:
+        fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
+        forked = _ZYGOTE.spawn(cmd, env, *fds)
+    if forked is not None:
+        return forked
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
 
 
@@ -121,13 +122,28 @@ def ray_workers(driver_pid: int, actor_class: str) -> list[psutil.Process]:
     (``ray::ActorRolloutWorker...``), as it does the processes they fork (a checkpoint's writers), which are not Ray's
     children."""
     found = []
-    for process in psutil.Process(driver_pid).children(recursive=True):
+    for process in run_processes(driver_pid):
         try:
             if process.cmdline()[0].startswith(f"ray::{actor_class}") and \
                     not process.parent().cmdline()[0].startswith("ray::"):
                 found.append(process)
         except (psutil.NoSuchProcess, IndexError):
             pass
+    return found
+
+
+def run_processes(driver_pid: int) -> list[psutil.Process]:
+    """The run's processes: the driver's descendants, and the Ray workers the test zygote forked for it (children of
+    the zygote, whose stand-ins are the driver's descendants: tests/ray_worker.py) with theirs."""
+    found = psutil.Process(driver_pid).children(recursive=True)
+    ours = {p.pid for p in found}
+    for fork, stand_in in _ZYGOTE.stand_ins().items():
+        if stand_in in ours:
+            try:
+                worker = psutil.Process(fork)
+                found += [worker, *worker.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
     return found
 
 

@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from runs import ENV, ON_REQUEST, async_quickstart, install_distribution, logged, ray_workers, run_to_end, start, wait_until
+from runs import (ENV, ON_REQUEST, async_quickstart, install_distribution, logged, ray_workers, run_processes,
+                  run_to_end, start, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
 
@@ -36,7 +37,7 @@ def kill_mid_run(tmp_path, cache, actor_class, count, doing, *extra):
 
         try:
             victim = wait_until(run, mid_run, timeout=300)[0]
-            others = [p for p in psutil.Process(run.pid).children(recursive=True) if p.pid != victim.pid]
+            others = [p for p in run_processes(run.pid) if p.pid != victim.pid]
             victim.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
             try:

@@ -9,9 +9,16 @@ handlers: Ray's shutdown, temporary files) but for the teardown of every module.
 every child. The zygote imports and computes nothing else (one thread, no torch thread pool, no Ray cluster), so a
 fork is what a fresh interpreter would be after the same imports.
 
-A run is forked only where nothing read at import could differ: the same interpreter, an environment equal to the
-zygote's but for PYTHONPATH (put on sys.path as the interpreter would), and no SGLang (which patches transformers as
-it is imported). Anything else starts a process as before; ``RLCORE_TEST_FORK=0`` starts every run that way.
+A run is forked only where nothing read at import could differ (the zygote checks, ``_differs``): the same
+interpreter, the environment the test process started with but for what is read only after the fork (PYTHONPATH, put
+on sys.path as the interpreter would; Ray's variables: Ray is not imported in the zygote, as it reads its settings
+once, at import) and what the zygote's own imports set, and no SGLang (which patches transformers as it is imported).
+Anything else starts a process as before; ``RLCORE_TEST_FORK=0`` starts every run that way.
+
+A forked run's Ray workers are forked from the zygote too: the run's Ray job names tests/ray_worker.py as its workers'
+Python (Ray's ``py_executable``), which asks the zygote to run Ray's worker script in a fork (the same checks) and
+stands in for it to the raylet that started it, exiting as it does; the fork is killed if that stand-in is. Where the
+zygote refuses, it execs Python as Ray would have.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import selectors
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,16 +38,35 @@ PRELOAD = ["torch", "transformers", "transformers.models.auto.tokenization_auto"
            "transformers.models.auto.modeling_auto", "megatron.core", "megatron.core.models.gpt",
            "megatron.core.optimizer", "megatron.core.dist_checkpointing", "megatron.core.pipeline_parallel",
            "vllm", "vllm.entrypoints.llm", "matplotlib.pyplot", "safetensors.torch", "pyarrow.parquet"]
+PRELOAD += ["transformers.models.qwen3.configuration_qwen3"]
 MODULE = "rlcore.cli"
-PER_RUN = {"PYTHONPATH", "PYTEST_CURRENT_TEST"}      # what may differ between the zygote's environment and a run's
+# what a run or a Ray worker may have in its environment that the zygote has not, all read after the fork: where
+# PYTHONPATH points, the running test's name, what Ray adds for its workers (RAY_* too: Ray is imported after the
+# fork), what a run sets for its workers (vLLM reads it as an engine starts), what megatron-core sets as it builds a
+# model (NVTE_*: Transformer Engine's, not installed), and where the zygote's children find it
+READ_AFTER_FORK = {"PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "SPT_NOENV", "VLLM_ENABLE_V1_MULTIPROCESSING",
+                   "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "RLCORE_TEST_ZYGOTE",
+                   "RAY_JOB_CONFIG_JSON_ENV_VAR"}
+IMPORTED_ENV: dict[str, str] = {}    # what PRELOAD's imports set in the environment (vLLM does), given to each child
+RAY_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_worker.py")
+STARTING_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}   # the test process's, before its own imports changed it
 
 
 # --- the zygote's side -------------------------------------------------------------------------------------------
-def serve(path: str) -> list[str] | None:
+def serve(path: str) -> dict | None:
     """Import PRELOAD, then answer spawn requests on the Unix socket ``path`` until stdin closes (the test process
-    ended). Returns only in a forked child: the argv it is to run."""
+    ended). Returns only in a forked child: the request it is to run. A Ray worker's fork is killed when the
+    connection of its stand-in closes first (the stand-in was killed)."""
+    before = dict(os.environ)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")     # as rlcore.cli sets it before it imports vLLM
+    sys.meta_path.insert(0, _WITHOUT_RAY)
     for name in PRELOAD:
         __import__(name)
+    sys.meta_path.remove(_WITHOUT_RAY)
+    _forget_ray_less_modules()
+    IMPORTED_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    os.environ.clear()
+    os.environ.update(before)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
@@ -54,6 +81,7 @@ def serve(path: str) -> list[str] | None:
     selector.register(sys.stdin, selectors.EVENT_READ, "parent")
     selector.register(ended, selectors.EVENT_READ, "ended")
     children: dict[int, socket.socket] = {}
+    stand_ins: dict[int, int] = {}         # a Ray worker's fork -> the process that stands in for it (its pid)
     while True:
         for key, _ in selector.select(timeout=1):
             if key.data == "parent":
@@ -67,10 +95,28 @@ def serve(path: str) -> list[str] | None:
                 connection, _ = listener.accept()
                 selector.register(connection, selectors.EVENT_READ, "request")
                 continue
+            if key.data == "watch":       # a Ray worker's stand-in ended before its fork did
+                connection = key.fileobj
+                selector.unregister(connection)
+                for pid, watched in children.items():
+                    if watched is connection:
+                        _kill_group(pid)
+                continue
             connection = key.fileobj
             selector.unregister(connection)
             request, fds = _receive(connection)
             if request is None:
+                connection.close()
+                continue
+            if request.get("query") == "stand_ins":
+                connection.sendall(json.dumps(stand_ins).encode() + b"\n")
+                connection.close()
+                continue
+            refused = _differs(request)
+            if refused:
+                for fd in fds:
+                    os.close(fd)
+                connection.sendall(json.dumps({"refused": refused}).encode() + b"\n")
                 connection.close()
                 continue
             sys.stdout.flush()
@@ -81,20 +127,59 @@ def serve(path: str) -> list[str] | None:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for sock in (selector, listener, ended, wake, connection, *children.values()):
                     sock.close()
-                return _become(request, fds)
+                return _become(request, fds, path)
             for fd in fds:
                 os.close(fd)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = connection
+            if "script" in request:
+                selector.register(connection, selectors.EVENT_READ, "watch")
+                stand_ins[pid] = _peer_pid(connection)
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 connection = children.pop(pid)
+                stand_ins.pop(pid, None)
+                if selector.get_map().get(connection) is not None:
+                    selector.unregister(connection)
                 try:
                     connection.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
                 except OSError:
                     pass
                 connection.close()
+
+
+class _WithoutRay:
+    """An import finder under which Ray cannot be imported: Ray reads its C++ settings from the environment once, as
+    it is imported (the raylet's pid, the job's id: a worker's own), so a process that forks Ray workers must not
+    have imported it. vLLM imports it where it can, and does without."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            raise ModuleNotFoundError(f"No module named {name!r} (tests/zygote.py)", name=name)
+        return None
+
+
+_WITHOUT_RAY = _WithoutRay()
+
+
+def _forget_ray_less_modules() -> None:
+    """Modules imported under _WITHOUT_RAY that did without it (``ray = None``): imported again where a child uses
+    them, with Ray (vLLM's ray_utils)."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and "ray" in vars(module) and vars(module)["ray"] is None:
+            del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules and getattr(sys.modules[parent], child, None) is module:
+                delattr(sys.modules[parent], child)
+    assert "ray" not in sys.modules
+
+
+def _peer_pid(connection: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket."""
+    pid, _, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid
 
 
 def _receive(connection: socket.socket):
@@ -109,7 +194,25 @@ def _receive(connection: socket.socket):
     return json.loads(data), fds
 
 
-def _become(request: dict, fds: list[int]) -> list[str]:
+def _differs(request: dict) -> list[str]:
+    """Why the request cannot be forked: the variables of its environment that differ from the zygote's where the
+    zygote's imports could have read them, or SGLang among a run's plugins."""
+    env = request["env"]
+    differ = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k)
+                    and k not in READ_AFTER_FORK and not k.startswith("RAY_")
+                    and (k not in IMPORTED_ENV or env[k] != IMPORTED_ENV[k]))
+    plugins = next((a for a in request["argv"] if a.startswith("--plugins=")), "")
+    return differ + (["SGLang"] if "script" not in request and "sglang" in plugins else [])
+
+
+def ray_env(path: str) -> dict[str, str]:
+    """What a run forked from the zygote at ``path`` needs for its Ray workers to be forked too: Ray's job config
+    (read by ray.init) naming ray_worker.py as the workers' Python, and where it finds the zygote."""
+    job = {"runtime_env": {"py_executable": f"{sys.executable} -S {RAY_WORKER}"}}
+    return {"RLCORE_TEST_ZYGOTE": path, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
+
+
+def _become(request: dict, fds: list[int], zygote: str) -> dict:
     """In the forked child: the run's session, streams, directory, environment and sys.path."""
     os.setsid()
     for target, fd in zip((0, 1, 2), fds):
@@ -118,8 +221,12 @@ def _become(request: dict, fds: list[int]) -> list[str]:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(IMPORTED_ENV)    # as a fresh interpreter's imports would set them
+    if "script" not in request and "RAY_JOB_CONFIG_JSON_ENV_VAR" not in request["env"]:
+        os.environ.update(ray_env(zygote))
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [request["cwd"], *extra, *[p for p in sys.path[1:] if p not in extra]]
+    first = os.path.dirname(request["script"]) if "script" in request else request["cwd"]
+    sys.path[:] = [first, *extra, *[p for p in sys.path[1:] if p not in extra]]
     import importlib
     import random
 
@@ -128,21 +235,26 @@ def _become(request: dict, fds: list[int]) -> list[str]:
     importlib.invalidate_caches()
     random.seed()                 # seeded afresh, as a new interpreter's are: not the zygote's copies
     numpy.random.seed()
-    return request["argv"]
+    return request
 
 
-def run_child(argv: list[str]) -> None:
-    """``python -m rlcore.cli argv...`` in this process, as the interpreter runs a module, and its exit as the
-    interpreter's up to the teardown of every module, skipped: with the zygote's thousands of modules it took ~2 s
-    and does nothing a run's outcome shows (what must happen at exit is registered with atexit)."""
+def run_child(request: dict) -> None:
+    """``python -m rlcore.cli argv...`` (or ``python script argv...``) in this process, as the interpreter runs
+    it, and its exit as the interpreter's up to the teardown of every module, skipped: with the zygote's thousands of
+    modules it took ~2 s and does nothing a run's outcome shows (what must happen at exit is registered with
+    atexit)."""
     import atexit
     import runpy
     import threading
 
-    sys.argv = [MODULE, *argv]
+    script = request.get("script")
+    sys.argv = [script or MODULE, *request["argv"]]
     code = 0
     try:
-        runpy._run_module_as_main(MODULE)      # type: ignore[attr-defined]   # what `python -m` calls
+        if script:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy._run_module_as_main(MODULE)      # type: ignore[attr-defined]   # what `python -m` calls
     except SystemExit as exit_:
         code = _exit_code(exit_.code)
     except BaseException:
@@ -227,19 +339,13 @@ class Zygote:
 
     def __init__(self):
         self.process: subprocess.Popen | None = None
-        self.env: dict[str, str] = {}
         self.path = ""
         self.owner = os.getpid()       # a process forked from this one (a test's) leaves the zygote alone
 
-    def forkable(self, cmd: list[str], env: dict[str, str]) -> bool:
+    def spawn(self, cmd: list[str], env: dict[str, str], stdout: int, stderr: int) -> Forked | None:
+        """``cmd`` forked, if it is an `rlcore` command the zygote can fork (else None)."""
         if os.environ.get("RLCORE_TEST_FORK") == "0" or cmd[:3] != [sys.executable, "-m", MODULE]:
-            return False
-        if "sglang" in next((a for a in cmd if a.startswith("--plugins=")), ""):
-            return False
-        base = self.env or zygote_env()
-        return all(env.get(k) == base.get(k) for k in set(env) | set(base) if k not in PER_RUN)
-
-    def spawn(self, cmd: list[str], env: dict[str, str], stdout: int, stderr: int) -> Forked:
+            return None
         self._start()
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self.path)
@@ -253,15 +359,29 @@ class Zygote:
                 raise RuntimeError("the test zygote did not fork the run")
             reply += more
         line, rest = reply.split(b"\n", 1)
-        return Forked(connection, json.loads(line)["pid"], rest)
+        answer = json.loads(line)
+        if "refused" in answer:
+            connection.close()
+            return None
+        return Forked(connection, answer["pid"], rest)
+
+    def stand_ins(self) -> dict[int, int]:
+        """The Ray workers forked so far that still run, each with the pid of the process that stands in for it to
+        its raylet (tests/ray_worker.py): a forked worker is its zygote's child, not its run's."""
+        if self.process is None or self.process.poll() is not None:
+            return {}
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(self.path)
+        with connection, connection.makefile("rb") as replies:
+            connection.sendall(json.dumps({"query": "stand_ins"}).encode() + b"\n")
+            return {int(fork): stand_in for fork, stand_in in json.loads(replies.readline()).items()}
 
     def _start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
         self.path = os.path.join(tempfile.mkdtemp(prefix="rlcore-zygote-"), "socket")
-        self.env = zygote_env()
         self.process = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=self.env, text=True)
+                                        stdout=subprocess.PIPE, env=STARTING_ENV, text=True)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if line != "ready\n":
@@ -273,10 +393,6 @@ class Zygote:
             self.process.stdin.close()
             self.process.wait(timeout=60)
             shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
-
-
-def zygote_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 if __name__ == "__main__":
