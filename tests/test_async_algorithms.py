@@ -3,13 +3,11 @@ SGLang as the engine each run a few steps with max_staleness=1 in a Ray rollout 
 than one version behind, and some are (generation overlapped training)."""
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 
 import pytest
 
-from runs import async_quickstart, logged, start
+from runs import ENV, async_quickstart, logged, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -18,17 +16,13 @@ LIMIT_S = 300                 # a run takes 25-60 s alone on this machine; the S
 
 
 def run_within(cmd, limit_s: float) -> subprocess.CompletedProcess:
-    """``cmd`` to its end, in a session of its own; past ``limit_s`` it is killed (Ray and the engines with it) and
-    the test fails."""
-    process = start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """``cmd`` to its end; past ``limit_s`` it is killed (Ray and the engines with it) and the test fails."""
     try:
-        out, err = process.communicate(timeout=limit_s)
+        result = run_cli(cmd, env=ENV, timeout=limit_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        pytest.fail(f"the run did not end within {limit_s} s: {err.decode()[-3000:]}")
-    assert process.returncode == 0, err.decode()[-4000:]
-    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+        pytest.fail(f"the run did not end within {limit_s} s")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
 
 
 def ppo(history, summary):

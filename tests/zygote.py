@@ -37,8 +37,8 @@ import time
 PRELOAD = ["torch", "transformers", "transformers.models.auto.tokenization_auto",
            "transformers.models.auto.modeling_auto", "megatron.core", "megatron.core.models.gpt",
            "megatron.core.optimizer", "megatron.core.dist_checkpointing", "megatron.core.pipeline_parallel",
-           "vllm", "vllm.entrypoints.llm", "matplotlib.pyplot", "safetensors.torch", "pyarrow.parquet"]
-PRELOAD += ["transformers.models.qwen3.configuration_qwen3"]
+           "vllm", "vllm.entrypoints.llm", "matplotlib.pyplot", "safetensors.torch", "pyarrow.parquet",
+           "transformers.models.qwen3.configuration_qwen3"]
 MODULE = "rlcore.cli"
 # what a run or a Ray worker may have in its environment that the zygote has not, all read after the fork: where
 # PYTHONPATH points, the running test's name, what Ray adds for its workers (RAY_* too: Ray is imported after the
