@@ -61,12 +61,11 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
     """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray: forked from
     this test process's zygote where it is an `rlcore run` the zygote can fork (tests/zygote.py), else a process of
     its own. Either has Popen's pid, poll(), wait() and returncode. ``stdout``/``stderr``: DEVNULL or open files."""
-    if subprocess.PIPE not in (stdout, stderr):        # a fork gets files, not pipes
-        with open(os.devnull, "w") as devnull:
-            fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
-            forked = _ZYGOTE.spawn(cmd, env, *fds)
-        if forked is not None:
-            return forked
+    with open(os.devnull, "w") as devnull:
+        fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
+        forked = _ZYGOTE.spawn(cmd, env, *fds)
+    if forked is not None:
+        return forked
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
 
 

@@ -323,9 +323,6 @@ class Forked:
         self.returncode = json.loads(self.received)["returncode"]
         self.connection.close()
 
-    def kill(self) -> None:
-        _kill_group(self.pid)
-
 
 def _kill_group(pid: int) -> None:
     try:
