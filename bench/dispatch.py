@@ -2,11 +2,11 @@
 
     python bench/dispatch.py [--rows 1024] [--seq 2048] [--layouts dp2,tp2] [--repeats 7] [--smoke]
 
-Two Ray workers behind the real ``WorkerGroup`` (``rlcore.workers.echo.EchoWorker``: no model; its "forward" is one
+Two Ray workers behind the real ``ActorGroup`` (``rlcore.workers.echo.EchoWorker``: no model; its "forward" is one
 multiply, so what is timed is the dispatch). ``dp2``: each worker its own data-parallel share; ``tp2``: the two are
 TP peers reading one share and the first reports. The batch is what a GRPO step holds at its update, ``--rows`` x
 ``--seq`` tokens (2.1M by default): input_ids, response_mask, rollout/old/ref logprobs and advantages per token;
-lengths, rewards and group ids per row; one metadata dict per row. Each repeat times ``WorkerGroup.logprobs`` (the
+lengths, rewards and group ids per row; one metadata dict per row. Each repeat times ``ActorGroup.logprobs`` (the
 shares out, every worker's pass, the per-token result back in the batch's row order) two ways, alternating:
 
 - ``before``: the dispatch before issue 24, reproduced here: each rank's share passed by value (Ray serialises it
@@ -32,6 +32,7 @@ from rlcore.config import load_config  # noqa: E402
 from rlcore.data import Batch  # noqa: E402
 from rlcore.workers.echo import EchoWorker  # noqa: E402
 from rlcore.workers.group import WorkerGroup, dp_parts, in_batch_order  # noqa: E402
+from rlcore.workers.proxies import ActorGroup  # noqa: E402
 
 LAYOUTS = {"dp2": 1, "tp2": 2}     # tp: ranks per data-parallel share, of 2 workers
 
@@ -60,7 +61,7 @@ def before(group: WorkerGroup, batch: Batch) -> torch.Tensor:
     """``WorkerGroup.per_token`` before issue 24."""
     parts = dp_parts(batch, group.dp_size)
     shares = [TorchPickled(s.tensors, s.meta) for s in (batch.select(r) for r in parts)]
-    results = group.call("logprobs", per_rank=[(shares[c.dp_rank], False) for c in group.coords])
+    results = group.call_each(EchoWorker.logprobs, [(shares[c.dp_rank], False) for c in group.coords])
     return in_batch_order(parts, group._reported(results))
 
 
@@ -101,7 +102,7 @@ def main() -> None:
     worst = 0.0
     for name in args.layouts.split(","):
         cfg = load_config("quickstart", ["trainer.world_size=2", f"actor.parallel.tp={LAYOUTS[name]}"])
-        group = WorkerGroup(cfg, None, "", worker_cls=EchoWorker)
+        group = ActorGroup(cfg, None, "", worker_cls=EchoWorker)
         try:
             expected = batch["old_logprobs"] * batch["response_mask"]
             seconds: dict[str, list[float]] = {"floor": [], "before": [], "now": []}

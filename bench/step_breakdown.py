@@ -66,7 +66,7 @@ def measure(backend: str, args) -> dict:
                 m["time/step"] = time.perf_counter() - start
                 if step > args.warmup:
                     rows.append(m)
-            parameters = run.workers.call("num_parameters")[0]
+            parameters = run.workers.num_parameters()
             copy_s, copy_bytes = plain_copy_seconds(run.workers.workers[0].actor)
         finally:
             run.close()

@@ -1,5 +1,5 @@
 """The controller hands each data-parallel share to Ray workers as one object-store put, however many ranks read
-it, and gets the same results back as from the in-process worker (``WorkerGroup`` around ``EchoWorker``, no model)."""
+it, and gets the same results back as from the in-process worker (``ActorGroup`` around ``EchoWorker``, no model)."""
 import pickle
 
 import pytest
@@ -8,7 +8,7 @@ import torch
 from rlcore.config import load_config
 from rlcore.data import Batch, build_sequences
 from rlcore.workers.echo import EchoWorker
-from rlcore.workers.group import WorkerGroup
+from rlcore.workers.proxies import ActorGroup
 
 
 def test_batch_travels_out_of_band_and_owns_what_it_reads_back():
@@ -27,9 +27,9 @@ def test_batch_travels_out_of_band_and_owns_what_it_reads_back():
     assert pickle.loads(data, buffers=shared)["ids"].equal(b["ids"])
 
 
-def group(world: int, tp: int) -> WorkerGroup:
+def group(world: int, tp: int) -> ActorGroup:
     cfg = load_config("quickstart", [f"trainer.world_size={world}", f"actor.parallel.tp={tp}"])
-    return WorkerGroup(cfg, None, "", worker_cls=EchoWorker)
+    return ActorGroup(cfg, None, "", worker_cls=EchoWorker)
 
 
 def batch(rows: int = 6) -> Batch:
@@ -48,7 +48,7 @@ def test_a_share_is_put_once_for_its_ranks_and_results_are_unchanged(monkeypatch
     import ray
 
     local = group(1, 1)
-    expected = local.logprobs(batch()), local.train_step(batch())
+    expected = local.logprobs(batch()), local.train_step(batch(), True)
     workers = group(2, 2)
     puts, put = [], ray.put
 
@@ -60,7 +60,7 @@ def test_a_share_is_put_once_for_its_ranks_and_results_are_unchanged(monkeypatch
     try:
         assert torch.equal(workers.logprobs(batch()), expected[0])
         assert [len(p) for p in puts] == [6]                   # one put for the share, not one per rank
-        assert workers.train_step(batch()) == expected[1]
+        assert workers.train_step(batch(), True) == expected[1]
         assert len(puts) == 2
     finally:
         workers.stop()

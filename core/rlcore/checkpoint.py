@@ -16,12 +16,22 @@ import os
 import re
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import Mapping, Protocol
 
 from rlcore.errors import ConfigError
 
-if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
+
+
+class Checkpointed(Protocol):
+    """A trained model's workers as checkpoints call them (``rlcore.workers.proxies.TrainGroup``); each call is
+    collective over the group's ranks."""
+
+    def save_checkpoint(self, directory: str, asynchronous: bool) -> None: ...
+
+    def finish_checkpoint(self, blocking: bool) -> bool: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
+
 
 STATE = "rlcore_checkpoint.json"
 _COMPLETE = re.compile(r"^step_(\d+)$")
@@ -79,12 +89,12 @@ class Checkpointer:
 
     def __init__(self, run_dir: str, every: int, keep: int, asynchronous: bool = True):
         self.run_dir, self.every, self.keep, self.asynchronous = run_dir, every, keep, asynchronous
-        self.pending: tuple[str, str, dict[str, "WorkerGroup"]] | None = None   # partial dir, final dir, writers
+        self.pending: tuple[str, str, Mapping[str, Checkpointed]] | None = None   # partial dir, final dir, writers
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
 
-    def save(self, step: int, groups: dict[str, "WorkerGroup"], state: dict, tokenizer=None) -> float:
+    def save(self, step: int, groups: Mapping[str, Checkpointed], state: dict, tokenizer=None) -> float:
         """Start the checkpoint after ``step`` (with the tokenizer, so that `rlcore export` needs nothing else), and
         wait for it unless asynchronous; returns the seconds training stood still for it (including waiting for the
         previous save, if still being written)."""
@@ -96,7 +106,7 @@ class Checkpointer:
         partial = os.path.join(root, f".partial-step_{step:08d}-{os.getpid()}")
         os.makedirs(partial)
         for name, group in groups.items():
-            group.call("save_checkpoint", os.path.join(partial, name), self.asynchronous)
+            group.save_checkpoint(os.path.join(partial, name), self.asynchronous)
         if tokenizer is not None:
             tokenizer.save_pretrained(os.path.join(partial, "tokenizer"))
         with open(os.path.join(partial, STATE), "w") as f:
@@ -113,7 +123,7 @@ class Checkpointer:
         if self.pending is None:
             return True
         partial, final, groups = self.pending
-        done = [all(group.call("finish_checkpoint", blocking)) for group in groups.values()]   # every group polled
+        done = [group.finish_checkpoint(blocking) for group in groups.values()]   # every group polled
         if not all(done):
             return False
         shutil.rmtree(final, ignore_errors=True)     # a step saved before, by a run that then died
@@ -184,7 +194,7 @@ def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict
                           f"loads {','.join(names(plugins))} (select them with --plugins){force}")
 
 
-def load(path: str, groups: dict[str, "WorkerGroup"]) -> dict:
+def load(path: str, groups: Mapping[str, Checkpointed]) -> dict:
     """Load every group's models and optimizers from checkpoint ``path``; returns the controller's state."""
     with open(os.path.join(path, STATE)) as f:
         state = json.load(f)
@@ -192,7 +202,7 @@ def load(path: str, groups: dict[str, "WorkerGroup"]) -> dict:
         if not os.path.isdir(os.path.join(path, name)):
             raise ConfigError(f"checkpoint {path!r} has no {name!r} state (it has: "
                               f"{', '.join(sorted(d for d in os.listdir(path) if d in ('actor', 'critic')))})")
-        group.call("load_checkpoint", os.path.join(path, name))
+        group.load_checkpoint(os.path.join(path, name))
     return state
 
 

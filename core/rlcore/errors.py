@@ -16,3 +16,8 @@ class PluginError(RlcoreError):
 
 class WorkerDied(RlcoreError):
     """A worker process died (killed, out of memory): the run stops, naming the worker and what it was doing."""
+
+
+# A worker's error may be the echo of a peer's death (a collective with it failed) that Ray has not reported yet:
+# how long the error waits for such a report before it is taken as the worker's own.
+PEER_DEATH_WAIT_S = 5.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlcore import checkpoint
 from rlcore.evaluation import evaluate
@@ -48,10 +48,10 @@ def train(run: "Run") -> dict:
 
     cfg = run.cfg
     run.setup()
-    summary = {"run_dir": run.run_dir, "model_path": run.model_path,
-               "parameters": run.workers.call("num_parameters")[0],
-               "worker_nodes": [c.node for c in run.workers.coords],
-               **({"rollout_workers": run.rollout.where} if run.rollout else {})}
+    summary: dict[str, Any] = {"run_dir": run.run_dir, "model_path": run.model_path,
+                               "parameters": run.workers.num_parameters(),
+                               "worker_nodes": [c.node for c in run.workers.coords],
+                               **({"rollout_workers": run.rollout.where} if run.rollout else {})}
     if run.resume_from:
         done, eval_before = run.restore(run.resume_from)
         history = checkpoint.logged_history(run.run_dir, done)

@@ -103,10 +103,12 @@ def _top_memory_ops(profiler, field: str, count: int = 10) -> list[dict]:
 
 
 class Workers(Protocol):
-    """A phase's workers as the driver calls them: a ``rlcore.workers.group.WorkerGroup``, typed here rather than
-    imported, since the workers import this module for their side."""
+    """A phase's workers as the driver calls them (``rlcore.workers.proxies.TrainGroup``); ``phase``: what a
+    message about a worker dying in the call calls it."""
 
-    def call(self, method: str, *args, phase: str | None = None) -> list: ...
+    def profile_begin(self, directory: str, name: str, phase: str) -> None: ...
+
+    def profile_end(self, phase: str) -> list[list[str]]: ...
 
 
 class ProfilingTimer(Timer):
@@ -128,9 +130,9 @@ class ProfilingTimer(Timer):
                 return
             self.entered[phase] = self.entered.get(phase, 0) + 1
             name = phase if self.entered[phase] == 1 else f"{phase}-{self.entered[phase]}"
-            group.call("profile_begin", self.directory, name, phase=f"profiling {phase}")
+            group.profile_begin(self.directory, name, phase=f"profiling {phase}")
             yield              # a phase that raises stops the run: nothing to write then
-            written = group.call("profile_end", phase=f"profiling {phase}")
+            written = group.profile_end(phase=f"profiling {phase}")
             log.info("profiled %s on %d rank(s): %s/%s-rank*", name, len(written), self.directory, name)
 
 

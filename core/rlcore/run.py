@@ -26,7 +26,7 @@ from rlcore.specs import AgentSpec
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
+    from rlcore.workers.proxies import ActorGroup, CriticGroup, TrainGroup
     from rlcore.workers.rollout_worker import RolloutWorkers
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,9 @@ class Run:
             reg.get(kind, name)        # an unknown name is refused here, before anything starts
         self.agent = check_agent(cfg, reg)
         check_optimizers(cfg, reg, self.algorithm.needs_critic(self.algo_cfg))
-        self._workers: WorkerGroup | None = None
+        self._workers: ActorGroup | None = None
         self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
-        self.critic: WorkerGroup | None = None
+        self.critic: CriticGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         self.loggers: list = []
         plugins.hook.rlcore_configure(config=cfg)
@@ -76,9 +76,8 @@ class Run:
         from rlcore.megatron import patches
         from rlcore.megatron.model import check_model_config, read_hf_config
         from rlcore.rollout.queued import QueuedSource
-        from rlcore.workers.group import WorkerGroup
+        from rlcore.workers.proxies import ActorGroup, ColocatedGroup, CriticGroup
         from rlcore.workers.rollout_worker import RolloutWorkers
-        from rlcore.workers.worker import ActorRolloutWorker, ActorWorker
 
         cfg = self.cfg
         self.run_dir = run_directory(cfg)
@@ -110,23 +109,21 @@ class Run:
         self.task.bind_tokenizer(self.tokenizer)
         check_context(cfg, hf_config, self.task)      # the engines' length, before they start
         asynchronous = cfg.trainer.mode == "async"
-        self._workers = WorkerGroup(cfg, self.plugins.selection, self.model_path,
-                                    ActorWorker if asynchronous else ActorRolloutWorker)
+        colocated = None if asynchronous else ColocatedGroup(cfg, self.plugins.selection, self.model_path)
+        self._workers = colocated or ActorGroup(cfg, self.plugins.selection, self.model_path)
         if self.algorithm.needs_critic(self.algo_cfg):
-            from rlcore.workers.critic import CriticWorker
-
             if self.algorithm.value_loss is None:
                 raise RlcoreError(f"algorithm {self.algorithm.name!r} asks for a critic but registers no value_loss")
-            self.critic = WorkerGroup(cfg, self.plugins.selection, self.model_path, CriticWorker,
-                                      cfg.critic.world_size or cfg.trainer.world_size)
-            self.critic.call("sleep")
+            self.critic = CriticGroup(cfg, self.plugins.selection, self.model_path,
+                                      world=cfg.critic.world_size or cfg.trainer.world_size)
+            self.critic.sleep()
         keep_group = lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg)  # noqa: E731
-        if asynchronous:
+        if colocated is None:
             self.rollout = RolloutWorkers(cfg, self.plugins.selection, self.model_path)
             self.source: Source = QueuedSource(cfg, self.workers, self.rollout, self.task, self.tokenizer,
                                                hf_config["max_position_embeddings"], self.rewards, keep_group)
         else:
-            self.source = ColocatedSource(cfg, self.workers, self.task, self.tokenizer,
+            self.source = ColocatedSource(cfg, colocated, self.task, self.tokenizer,
                                           hf_config["max_position_embeddings"], self.rewards, keep_group)
         self.learner = Learner(cfg, self.workers, self.critic, self.algorithm, self.algo_cfg)
         for logger_class in self.logger_classes:
@@ -145,14 +142,14 @@ class Run:
         check_context(self.cfg, hf_config)
 
     @property
-    def workers(self) -> WorkerGroup:
+    def workers(self) -> ActorGroup:
         """The actor's workers, started by ``setup()``."""
         if self._workers is None:
             raise RlcoreError("the run has no workers: setup() has not run, or close() has stopped them")
         return self._workers
 
     # --- checkpoints ---------------------------------------------------------------------------------------------
-    def trained_groups(self) -> dict[str, "WorkerGroup"]:
+    def trained_groups(self) -> dict[str, TrainGroup]:
         return {"actor": self.workers, **({"critic": self.critic} if self.critic is not None else {})}
 
     def save_checkpoint(self, step: int, eval_before: dict) -> float:
@@ -181,7 +178,7 @@ class Run:
     # --- the end -------------------------------------------------------------------------------------------------
     def export_hf(self, directory: str) -> str:
         """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
-        self.workers.call("export_hf", directory)
+        self.workers.export_hf(directory)
         self.tokenizer.save_pretrained(directory)
         self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
         return directory
@@ -189,7 +186,7 @@ class Run:
     def export_adapter(self, directory: str) -> str:
         """A LoRA run's adapters as PEFT's adapter directory (adapter_config.json, adapter_model.safetensors,
         tokenizer): ``peft.PeftModel.from_pretrained(<the base model>, directory)``."""
-        self.workers.call("export_adapter", directory, self.model_path)
+        self.workers.export_adapter(directory, self.model_path)
         self.tokenizer.save_pretrained(directory)
         return directory
 

@@ -64,7 +64,7 @@ def run_layout(tmp_path, cache, overrides, steps, engine="vllm"):
     run = Run(cfg, load_plugins(list(plugins)))
     try:
         summary = run.train()
-        return summary, run.workers.call("fingerprint"), _history(summary["run_dir"])
+        return summary, run.workers.fingerprint(), _history(summary["run_dir"])
     finally:
         run.close()
 

@@ -5,7 +5,7 @@ does when it pushes weights to the rollout engine (which reports it with each co
 equals it was sampled by the weights about to be updated."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -15,12 +15,30 @@ from rlcore.errors import RlcoreError
 from rlcore.specs import Algorithm
 from rlcore.timing import Timer
 
-if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
+class ActorWorkers(Protocol):
+    """The actor's workers as the learner calls them (``rlcore.workers.proxies.ActorGroup``)."""
+
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor: ...
+
+    def train_step(self, mini: Batch, single_update: bool) -> dict[str, float]: ...
+
+    def train_mode(self) -> None: ...
+
+
+class CriticWorkers(Protocol):
+    """The critic's workers (``rlcore.workers.proxies.CriticGroup``): asleep (offloaded) between their passes."""
+
+    def values(self, batch: Batch) -> torch.Tensor: ...
+
+    def train_step(self, mini: Batch) -> dict[str, float]: ...
+
+    def wake(self) -> None: ...
+
+    def sleep(self) -> None: ...
 
 
 class Learner:
-    def __init__(self, cfg: Config, actor: "WorkerGroup", critic: "WorkerGroup | None", algorithm: Algorithm,
+    def __init__(self, cfg: Config, actor: ActorWorkers, critic: CriticWorkers | None, algorithm: Algorithm,
                  algo_cfg: Any):
         self.cfg, self.actor, self.critic, self.algorithm, self.algo_cfg = cfg, actor, critic, algorithm, algo_cfg
         self.version = 0
@@ -46,7 +64,7 @@ class Learner:
                 batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
         if self.critic is not None:
             with timer("values"):
-                self.critic.call("wake")
+                self.critic.wake()
                 batch["values"] = self.critic.values(batch)
         advantages, adv_metrics = algorithm.advantages(batch, algo_cfg)
         batch["advantages"] = advantages
@@ -61,7 +79,7 @@ class Learner:
             metrics.update(token_stats("values", batch["values"], mask))
             with timer("critic"):
                 metrics.update(mini_batch_updates(self.critic, cfg.critic, batch)[0])
-                self.critic.call("sleep")
+                self.critic.sleep()
         if self.critic is None or step > cfg.critic.warmup_steps:
             with timer("train"):
                 actor_metrics, updates = mini_batch_updates(self.actor, cfg.actor, batch, single_update)
@@ -70,7 +88,7 @@ class Learner:
         return metrics
 
 
-def mini_batch_updates(group: "WorkerGroup", model_cfg, batch: Batch, *args) -> tuple[dict[str, float], int]:
+def mini_batch_updates(group: ActorWorkers | CriticWorkers, model_cfg, batch: Batch, *args) -> tuple[dict[str, float], int]:
     """``epochs`` passes of ``mini_batches`` optimizer updates over the batch, for the actor's or the critic's
     workers; returns the mean of each metric and how many updates there were."""
     size = -(-len(batch) // model_cfg.mini_batches)

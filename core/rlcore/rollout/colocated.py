@@ -4,7 +4,7 @@ hybrid engine pushes them when they changed), so every trajectory it returns was
 version."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -12,19 +12,17 @@ from rlcore.config import Config
 from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
+from rlcore.rollout.handles import ColocatedWorkers
 from rlcore.rollout.source import Source, prompt_seeds
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
-
 
 class ColocatedSource(Source):
-    """The episodes run on the actor's workers' engines (``WorkerGroup.episodes``), ``trainer.prompts_per_step``
-    kept groups a step."""
+    """The episodes run on the actor's workers' engines (``ColocatedWorkers.episodes``),
+    ``trainer.prompts_per_step`` kept groups a step."""
 
-    def __init__(self, cfg: Config, workers: "WorkerGroup", task: Task, tokenizer, max_len: int,
+    def __init__(self, cfg: Config, workers: ColocatedWorkers, task: Task, tokenizer, max_len: int,
                  rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
         super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
         self.workers = workers
@@ -39,7 +37,7 @@ class ColocatedSource(Source):
         """The engine-vs-actor check on a fixed batch, on every rank; raises past trainer.logprob_tolerance."""
         self.workers.rollout_mode()
         probe = fixed_probe(len(self.tokenizer), seed=seed)
-        results = self.workers.call("compare_logprobs", *probe, self.tokenizer.eos_token_id)
+        results = self.workers.compare_logprobs(*probe, self.tokenizer.eos_token_id)
         worst = max(results, key=lambda r: r.max_abs_diff)
         raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
         return worst.max_abs_diff

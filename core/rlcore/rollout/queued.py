@@ -16,24 +16,21 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import Callable, NoReturn
 
 import torch
 
 from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
-from rlcore.errors import WorkerDied
+from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.draws import DrawLedger
+from rlcore.rollout.handles import EngineWorkers, Trainer
 from rlcore.rollout.source import Source, prompt_seeds
 from rlcore.rollout.staleness import Admission
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.logprob_check import fixed_probe
-
-if TYPE_CHECKING:
-    from rlcore.workers.group import WorkerGroup
-    from rlcore.workers.rollout_worker import RolloutWorkers
 
 
 def _untimed(phase: str) -> contextlib.AbstractContextManager:
@@ -49,7 +46,7 @@ class Produced:
 
 
 class QueuedSource(Source):
-    def __init__(self, cfg: Config, trainer: "WorkerGroup", rollout: "RolloutWorkers", task: Task, tokenizer,
+    def __init__(self, cfg: Config, trainer: Trainer, rollout: EngineWorkers, task: Task, tokenizer,
                  max_len: int, rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
         import ray
 
@@ -74,8 +71,8 @@ class QueuedSource(Source):
         self.last_take: float | None = None
         self.stats_asked: list = []               # the rollout workers' counters, asked for at the last take
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        receivers = self._issue("open_push", per_worker=[(address, i + 1, rollout.world) for i in range(rollout.world)])
-        trainer.call("open_push", address, rollout.world)
+        receivers = rollout.open_push(address)
+        trainer.open_push(address, rollout.world)
         self._gather(receivers)
         if any(w["weightless"] for w in rollout.where):     # engines started without weights get the actor's now
             self.pushed = -1
@@ -123,9 +120,9 @@ class QueuedSource(Source):
     async def _generate(self, worker: int, wave: list, version: int, load: list[int]) -> None:
         sampling = Sampling(self.cfg.rollout.max_response_len, self.cfg.rollout.temperature)
         try:
-            stream = self.rollout.workers[worker].stream_groups.options(num_returns="streaming").remote(
-                [p for p, *_ in wave], [m for _, m, *_ in wave], self.cfg.rollout.n, sampling,
-                [s for _, _, s, *_ in wave], f"d{wave[0][3]}-{wave[0][4]}")
+            stream = self.rollout.stream_groups(worker, [p for p, *_ in wave], [m for _, m, *_ in wave],
+                                                self.cfg.rollout.n, sampling, [s for _, _, s, *_ in wave],
+                                                f"d{wave[0][3]}-{wave[0][4]}")
             async for ref in stream:
                 i, group = await ref
                 _, _, _, draw, index = wave[i]
@@ -216,8 +213,8 @@ class QueuedSource(Source):
         now = time.perf_counter()
         with self.changed:
             counts, self.counts = self.counts, {"tokens": 0, "timed_out": 0}
-        engines = self._gather(self.stats_asked or self._issue("stats"))
-        self.stats_asked = self._issue("stats")
+        engines = self._gather(self.stats_asked or self.rollout.stats())
+        self.stats_asked = self.rollout.stats()
         metrics = {"async/groups_timed_out": float(counts["timed_out"]),
                    "async/resumed_requests": float(sum(e["resumed_requests"] for e in engines)),
                    "async/resumes_max": float(max(e["max_resumes"] for e in engines))}
@@ -231,13 +228,8 @@ class QueuedSource(Source):
         self.last_take = now
         return metrics
 
-    def _issue(self, method: str, *args, per_worker: list[tuple] | None = None) -> list:
-        """``method`` called on every rollout worker (with ``per_worker[i]`` as worker i's arguments, if given)."""
-        arguments = per_worker or [args] * self.rollout.world
-        return [getattr(w, method).remote(*a) for w, a in zip(self.rollout.workers, arguments)]
-
     def _gather(self, refs: list) -> list:
-        """The results of ``_issue``; a worker's failure stops the run with one line naming it."""
+        """The results of a call of the rollout workers; a worker's failure stops the run with one line naming it."""
         import ray
 
         results = []
@@ -260,7 +252,6 @@ class QueuedSource(Source):
         import ray
 
         from rlcore.weight_sync.push import WeightPushError
-        from rlcore.workers.group import PEER_DEATH_WAIT_S
 
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
         for index, ref in enumerate(refs):
@@ -317,9 +308,9 @@ class QueuedSource(Source):
             probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
             sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
             with timer("sync"):
-                received = self._issue("receive_weights", sequences)
+                received = self.rollout.receive_weights(sequences)
                 try:
-                    sent = self.trainer.call("push_weights", version)[0]
+                    sent = self.trainer.push_weights(version)
                 except Exception:
                     self._dead_receiver(received)
                     raise
@@ -375,12 +366,7 @@ class QueuedSource(Source):
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int]) -> list[list[Trajectory]]:
         """Split over the rollout workers, beside the groups the producer has in flight."""
-        from rlcore.workers.group import _shares
-
-        parts = _shares(len(prompts), self.rollout.world)
-        results = self._gather(self._issue("episodes", per_worker=[
-            ([prompts[i] for i in part], [metadata[i] for i in part], n, sampling, [seeds[i] for i in part],
-             f"eval{w}") for w, part in enumerate(parts)]))
+        results = self._gather(self.rollout.episodes(prompts, metadata, n, sampling, seeds, "eval"))
         return [g for part in results for g in part]
 
     def close(self) -> None:

@@ -31,9 +31,6 @@ class CriticWorker(Worker):
         self.offloaded = offloaded_parts(cfg.critic.offload)
         self.coords = parallel_coords(rank)
 
-    def get_coords(self):
-        return self.coords
-
     def wake(self) -> None:
         """Bring back what ``sleep`` moved to host memory, before the critic's passes."""
         for what in reversed(self.offloaded):

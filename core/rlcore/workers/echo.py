@@ -20,15 +20,9 @@ class EchoWorker(Worker):
         self.coords = Coords(rank=rank, dp_rank=rank // peers, dp_size=world_size // peers, rollout_replica=rank,
                              rollout_replicas=world_size, reports=rank % peers == 0, leads_replica=True, node="local")
 
-    def get_coords(self) -> Coords:
-        return self.coords
-
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         """A fresh per-token tensor [rows, S], as a forward pass returns."""
         return batch["old_logprobs"] * batch["response_mask"]
 
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, *args) -> dict[str, float]:
         return {"tokens": float(share["response_mask"].sum()), "rows": float(len(share))}
-
-    def stop(self) -> None:
-        pass

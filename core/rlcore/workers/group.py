@@ -1,29 +1,31 @@
-"""The controller's handle on the workers: one in-process worker, or one Ray actor per process.
+"""The driver's handle on a group of SPMD workers: one in-process worker, or one Ray actor per process.
 
-The group sends each worker its share (data-parallel share of a batch, rollout-replica share of the prompts) and
-collects the results from the ranks that speak for each share. The controller itself holds no weights.
+Its calls name a worker method by reference (``ActorWorker.export_hf``), never by a string, so that mypy checks each
+call's arguments and result; the group sends each worker its share (data-parallel share of a batch, rollout-replica
+share of the prompts), collects the results from the ranks that speak for each share, and turns a worker's death
+into one line naming it. The typed methods the run's parts call are ``rlcore.workers.proxies``'. The driver itself
+holds no weights.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
-from typing import NoReturn
+from typing import Any, Callable, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import torch
 
 from rlcore.balance import balanced_partition
 from rlcore.config import Config
 from rlcore.data import Batch
-from rlcore.errors import WorkerDied
+from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
 from rlcore.launch import free_port
-from rlcore.specs import Sampling
-from rlcore.trajectory import Trajectory
-from rlcore.workers.worker import ActorRolloutWorker
+from rlcore.workers.worker import Worker
 
 log = logging.getLogger(__name__)
 
-PEER_DEATH_WAIT_S = 5.0   # how long a worker's error waits for Ray to report a dead peer it may be the echo of
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def dp_parts(batch: Batch, parts: int) -> list[list[int]]:
@@ -31,7 +33,7 @@ def dp_parts(batch: Batch, parts: int) -> list[list[int]]:
     where rows know their lengths, so that no rank waits for one holding the long responses; contiguous otherwise."""
     if parts > 1 and "prompt_len" in batch.tensors:
         return balanced_partition((batch["prompt_len"] + batch["response_len"]).tolist(), parts)
-    return [list(r) for r in _shares(len(batch), parts)]
+    return [list(r) for r in shares(len(batch), parts)]
 
 
 def in_batch_order(parts: list[list[int]], results: list[torch.Tensor]) -> torch.Tensor:
@@ -42,7 +44,7 @@ def in_batch_order(parts: list[list[int]], results: list[torch.Tensor]) -> torch
     return out
 
 
-def _shares(n: int, parts: int) -> list[range]:
+def shares(n: int, parts: int) -> list[range]:
     """Contiguous, near-equal index ranges."""
     base, extra = divmod(n, parts)
     out, start = [], 0
@@ -114,11 +116,13 @@ def start_local_ray(**options) -> None:
 
 
 class WorkerGroup:
-    """Workers of one class (the actor+rollout workers, or the critic's), forming their own torch.distributed world:
+    """Workers of one class (``worker_cls``: the actor's, the critic's), forming their own torch.distributed world:
     in this process when there is one, else one Ray actor per process."""
+    worker_cls: type[Worker] = Worker       # a proxy's own workers (``rlcore.workers.proxies``)
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str,
-                 worker_cls: type = ActorRolloutWorker, world: int | None = None):
+                 worker_cls: type | None = None, world: int | None = None):
+        worker_cls = worker_cls or self.worker_cls
         self.world = world or cfg.trainer.world_size
         self.role = getattr(worker_cls, "role", worker_cls.__name__)
         self.dead = False             # a worker died: the group has stopped
@@ -128,7 +132,7 @@ class WorkerGroup:
         else:
             self.workers = self._start_ray(cfg, plugin_names, model_path, worker_cls)
             self.remote = True
-        self.coords = self.call("get_coords")
+        self.coords = self.call(Worker.get_coords)
         self.dp_size = self.coords[0].dp_size
         self.replicas = self.coords[0].rollout_replicas
 
@@ -148,13 +152,20 @@ class WorkerGroup:
                 for i in range(self.world)]
 
     # --- plumbing ------------------------------------------------------------------------------------------------
-    def call(self, method: str, *args, per_rank: list[tuple] | None = None, phase: str | None = None) -> list:
-        """Call ``method`` on every worker (with ``per_rank[i]`` as the arguments of rank i, if given); ``phase``:
-        what a message about a worker dying in it calls the call (``method`` by default)."""
-        arguments = per_rank or [args] * self.world
+    def call(self, method: Callable[Concatenate[Any, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """``method`` (a worker class's, ``ActorWorker.export_hf``) on every worker with the same arguments; the
+        results in rank order. Each worker runs its own class's method of that name (a subclass's override)."""
+        return self.call_each(method, [args] * self.world, kwargs=kwargs)
+
+    def call_each(self, method: Callable[..., R], per_rank: list[tuple], phase: str | None = None,
+                  kwargs: dict | None = None) -> list[R]:
+        """``method`` on every worker, ``per_rank[i]`` the arguments of rank i; ``phase``: what a message about a
+        worker dying in it calls the call (the method's name by default)."""
+        name, kwargs = method.__name__, kwargs or {}
         if not self.remote:
-            return [getattr(self.workers[0], method)(*arguments[0])]
-        return self._results([getattr(w, method).remote(*a) for w, a in zip(self.workers, arguments)], phase or method)
+            return [getattr(self.workers[0], name)(*per_rank[0], **kwargs)]
+        return self._results([getattr(w, name).remote(*a, **kwargs) for w, a in zip(self.workers, per_rank)],
+                             phase or name)
 
     def _results(self, refs: list, phase: str) -> list:
         """The workers' results in rank order. A worker that died (killed, out of memory) stops the group as soon as
@@ -188,7 +199,7 @@ class WorkerGroup:
         """Stop the group (the other workers exit: their collectives with the dead one have failed) and say in one
         line which worker died, where it sat, what it was doing and how."""
         where = self.coords[rank].describe() if hasattr(self, "coords") else f"rank {rank}"
-        phase = "start" if phase == "get_coords" else phase
+        phase = "start" if phase == Worker.get_coords.__name__ else phase
         self.dead = True
         self._exit_workers(timeout_s=10)
         raise WorkerDied(f"{self.role} worker {where} died during {phase}: {death_cause(error)}") from None
@@ -209,63 +220,37 @@ class WorkerGroup:
         by_dp = {c.dp_rank: r for c, r in zip(self.coords, results) if c.reports}
         return [by_dp[i] for i in range(self.dp_size)]
 
-    def _per_share(self, method: str, per_rank: list[tuple]) -> list:
+    def _per_share(self, method: Callable, per_rank: list[tuple]) -> list:
         """``method`` on every rank; the results of the ranks that report, one per data-parallel share in dp order.
         Ray workers send back only those (``Worker.answer``)."""
         if not self.remote:
-            return self._reported(self.call(method, per_rank=per_rank))
-        results = self.call("answer", per_rank=[(method, c.reports, *a) for c, a in zip(self.coords, per_rank)],
-                            phase=method)
+            return self._reported(self.call_each(method, per_rank))
+        asked = [(method.__name__, c.reports, *a) for c, a in zip(self.coords, per_rank)]
+        results = self.call_each(Worker.answer, asked, phase=method.__name__)
         return [r["answer"] if isinstance(r, Batch) else r for r in self._reported(results)]
 
-    # --- what the controller uses ----------------------------------------------------------------------------------
-    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
-                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
-        """``n`` episodes of the run's agent per prompt (``rlcore.rollout.requests.episodes``); the prompts are
-        split over the engine replicas, each with its prompts' metadata and seeds."""
-        parts = _shares(len(prompts), self.replicas)
-        pick = lambda items, part: None if items is None else [items[i] for i in part]  # noqa: E731
-        results = self.call("episodes", per_rank=[(pick(prompts, parts[c.rollout_replica]),
-                                                   pick(metadata, parts[c.rollout_replica]), n, sampling,
-                                                   pick(seeds, parts[c.rollout_replica]))
-                                                  for c in self.coords])
-        by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
-        return [g for i in range(self.replicas) for g in by_replica[i]]
-
-    def per_token(self, method: str, batch: Batch, *args) -> torch.Tensor:
+    def per_token(self, method: Callable[..., torch.Tensor], batch: Batch, *args) -> torch.Tensor:
         """A forward pass that returns a per-token tensor [N, S] (``logprobs``, ``values``), split by dp rank."""
         parts = dp_parts(batch, self.dp_size)
         shares = self._by_dp(batch, parts)
         return in_batch_order(parts, self._per_share(method, [a + args for a in shares]))
 
-    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
-        return self.per_token("logprobs", batch, reference)
-
-    def values(self, batch: Batch) -> torch.Tensor:
-        return self.per_token("values", batch)
-
-    def train_step(self, mini: Batch, *args) -> dict[str, float]:
-        """One update on a mini-batch; each rank's loss is normalised by the mini-batch's totals."""
+    def update(self, method: Callable[..., dict[str, float]], mini: Batch, *args) -> dict[str, float]:
+        """One update on a mini-batch (``method``: the workers' ``train_step``), each rank's loss normalised by the
+        mini-batch's totals; the mean of the reporting ranks' metrics."""
         tokens, seqs = float(mini["response_mask"].sum()), float(len(mini))
         shares = self._by_dp(mini, dp_parts(mini, self.dp_size))
-        reported = self._per_share("train_step", [a + (tokens, seqs, *args) for a in shares])
+        reported = self._per_share(method, [a + (tokens, seqs, *args) for a in shares])
         return {k: sum(r[k] for r in reported) / len(reported) for k in reported[0]}
-
-    def rollout_mode(self):
-        return self.call("rollout_mode")[0]
-
-    def train_mode(self) -> None:
-        self.call("train_mode")
 
     def stop(self) -> None:
         if self.dead:                 # stopped when the worker died
             return
         try:
-            self.call("stop")
+            self.call(Worker.stop)
         finally:
             if self.remote:
                 self._exit_workers()
-
     def _exit_workers(self, timeout_s: float = 60) -> None:
         """Let each worker process exit normally (its exit handlers free the engine's shared-memory segments,
         which a kill would leak into /dev/shm and break the next start); kill only those that hang."""

@@ -13,11 +13,12 @@ import os
 import shutil
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from rlcore.config import Config, bind_agent
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory, episode_samples
+from rlcore.workers.group import death_cause, shares, start_ray
 
 if TYPE_CHECKING:
     from rlcore.weight_sync.push import WeightPushReceiver
@@ -165,14 +166,13 @@ class RolloutWorkers:
     """The driver's handle on the rollout workers: one Ray actor per engine replica (``rollout.world_size /
     rollout.tp``), each holding ``rollout.tp`` slots of a placement group of their own for its engine's
     tensor-parallel processes (which the engine starts itself: SGLang's schedulers); started and ready (engines
-    built) on return."""
+    built) on return. Its calls return Ray's references at once, one per worker in worker order (the queued source
+    waits on them when it needs them: ``rlcore.rollout.handles.EngineWorkers``)."""
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from rlcore.workers.group import start_ray
 
         start_ray(cfg)
         tp = cfg.rollout.tp
@@ -186,11 +186,37 @@ class RolloutWorkers:
                         for i in range(self.world)]
         self.where = ray.get([w.start.remote() for w in self.workers])
 
+    def _each(self, method: Callable[..., Any], per_worker: list[tuple]) -> list:
+        return [getattr(w, method.__name__).remote(*a) for w, a in zip(self.workers, per_worker)]
+
+    def open_push(self, address: str) -> list:
+        """Every worker opens its receiving end of the push channel at ``address`` (the trainer's rank 0 is rank 0)."""
+        return self._each(RolloutWorker.open_push, [(address, i + 1, self.world) for i in range(self.world)])
+
+    def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None) -> list:
+        return self._each(RolloutWorker.receive_weights, [(probe,)] * self.world)
+
+    def stats(self) -> list:
+        return self._each(RolloutWorker.stats, [()] * self.world)
+
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int], tag: str) -> list:
+        """The prompts split over the workers in order; each worker's groups in its prompts' order."""
+        parts = shares(len(prompts), self.world)
+        return self._each(RolloutWorker.episodes, [
+            ([prompts[i] for i in part], [metadata[i] for i in part], n, sampling, [seeds[i] for i in part],
+             f"{tag}{w}") for w, part in enumerate(parts)])
+
+    def stream_groups(self, worker: int, prompts: list[list[int]], metadata: list[dict], n: int,
+                      sampling: Sampling, seeds: list[int], tag: str) -> Any:
+        """Worker ``worker``'s groups as each completes (``RolloutWorker.stream_groups``): Ray's streaming
+        generator, whose items are references to (index, group) pairs."""
+        method = getattr(self.workers[worker], RolloutWorker.stream_groups.__name__)
+        return method.options(num_returns="streaming").remote(prompts, metadata, n, sampling, seeds, tag)
+
     def failed(self, index: int, error: BaseException) -> str:
         """One line on rollout worker ``index``'s failure: where it ran and how it died, or its error."""
         from ray.exceptions import ActorDiedError, OutOfMemoryError
-
-        from rlcore.workers.group import death_cause
 
         where = self.where[index]
         what = (f"died: {death_cause(error)}" if isinstance(error, (ActorDiedError, OutOfMemoryError))

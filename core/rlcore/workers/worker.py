@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore.config import Config, bind_agent, bind_plugin_section
-from rlcore.data import Batch, build_sequences
+from rlcore.data import Batch
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.adapters import AdapterSync, pushed
@@ -107,6 +107,7 @@ class Worker:
     """What every worker does first: join its group's world, load the plugins, bind the algorithm's options. Its
     subclass sets ``trainable``, the Megatron model it trains (the actor, the critic)."""
     trainable: "MegatronTrainable"
+    coords: Coords            # where this rank sits, set by the subclass once its model is built
     role = "worker"           # how messages name its group
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, rank: int, world_size: int,
@@ -120,6 +121,12 @@ class Worker:
         self.algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), self.algorithm.config_cls)
         self.pending_saves = None     # asynchronous checkpoint writes (megatron-core's AsyncCallsQueue)
         self.profiler: PhaseProfiler | None = None     # a phase being profiled (trainer.profile_steps)
+
+    def get_coords(self) -> Coords:
+        return self.coords
+
+    def stop(self) -> None:
+        """Release what the worker holds (an engine, a channel) before its process exits."""
 
     def save_checkpoint(self, directory: str, asynchronous: bool = False) -> None:
         """Collective: the model's and optimizer's shards (``directory``/model), and per rank its update count and
@@ -215,9 +222,6 @@ class ActorWorker(Worker):
             self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, lora_config(cfg.actor.lora),
                                             model_path)
 
-    def get_coords(self) -> Coords:
-        return self.coords
-
     def train_mode(self) -> None:
         """Always in train mode: no engine shares this process (``ActorRolloutWorker`` has one)."""
 
@@ -252,10 +256,6 @@ class ActorWorker(Worker):
             return {}
         stats = self.pusher.send(weights, version)
         return {"sync/seconds": stats.seconds, "sync/bytes": float(stats.bytes), "sync/tensors": float(stats.tensors)}
-
-    def probe_logprobs(self, prompts, responses, pad_id: int) -> torch.Tensor:
-        """The actor's logprobs of ``responses`` after ``prompts`` (the engine check's trainer side), [N, S]."""
-        return self.actor.logprobs(Batch(build_sequences(prompts, responses, pad_id)))
 
     # --- the rest --------------------------------------------------------------------------------------------
     def fingerprint(self) -> dict:
@@ -326,9 +326,6 @@ class ActorRolloutWorker(ActorWorker):
 
     def train_mode(self) -> None:
         self.engine.train_mode()
-
-    def sync_weights(self):
-        return self.engine.sync_weights()
 
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int] | None = None) -> list[list[Trajectory]]:

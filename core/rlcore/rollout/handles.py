@@ -1,0 +1,56 @@
+"""What the rollout sources call on the workers they are given, typed here so that the rollout side never imports
+the workers (``rlcore.workers.proxies`` and ``rlcore.workers.rollout_worker`` implement these; ``rlcore.run``
+hands them over)."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from rlcore.data import Batch
+from rlcore.specs import Sampling
+from rlcore.trajectory import Trajectory
+from rlcore.weight_sync.hybrid import SyncStats
+from rlcore.weight_sync.logprob_check import LogprobComparison
+
+
+class ColocatedWorkers(Protocol):
+    """The actor's workers with their engine shards (``ColocatedGroup``)."""
+
+    def rollout_mode(self) -> SyncStats | None: ...
+
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int] | None = None) -> list[list[Trajectory]]: ...
+
+    def compare_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                         pad_id: int) -> list[LogprobComparison]: ...
+
+
+class Trainer(Protocol):
+    """Async mode's actor workers, as the queued source pushes their weights and checks them (``ActorGroup``)."""
+
+    def open_push(self, address: str, receivers: int) -> None: ...
+
+    def push_weights(self, version: int) -> dict[str, float]: ...
+
+    def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor: ...
+
+
+class EngineWorkers(Protocol):
+    """Async mode's rollout workers (``RolloutWorkers``): each call returns one Ray reference per worker at once."""
+    world: int
+    where: list[dict]         # per worker: its pid, host, and whether its engine started without weights
+
+    def open_push(self, address: str) -> list: ...
+
+    def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None) -> list: ...
+
+    def stats(self) -> list: ...
+
+    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int], tag: str) -> list: ...
+
+    def stream_groups(self, worker: int, prompts: list[list[int]], metadata: list[dict], n: int,
+                      sampling: Sampling, seeds: list[int], tag: str) -> Any: ...
+
+    def failed(self, index: int, error: BaseException) -> str: ...
