@@ -25,7 +25,7 @@ $PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qw
   -e contrib/models/mixtral -e contrib/models/llama \
   -e contrib/models/deepseek -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo \
   -e contrib/rollout/vllm -e contrib/rollout/hf -e contrib/rollout/sglang -e contrib/compat/verl \
-  -e contrib/agents/tools
+  -e contrib/agents/tools -e contrib/testing/kit
 # SGLang next to vLLM (CPU): --no-deps, since its declared dependencies pin a CUDA torch and CUDA-only kernels; what it
 # imports is pinned in its requirements file. Needs rlcore-rollout-sglang's import hook, installed just above.
 if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then

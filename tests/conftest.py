@@ -34,11 +34,3 @@ def quickstart(tmp_path_factory, warm_start_cache):
     run.summary = run.train()
     yield run
     run.close()
-
-
-@pytest.fixture(scope="session")
-def chat_tokenizer():
-    """A byte-level BPE tokenizer trained here, with Qwen3's special tokens and a Qwen3-style chat template."""
-    from rlcore.testing.gsm8k import chat_tokenizer
-
-    return chat_tokenizer()

@@ -110,8 +110,8 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
     logits = model(ids).logits
     assert torch.equal(logits, reference(ids).logits)
     # vLLM serves the exported files: its teacher-forced logprobs equal transformers'
-    from rlcore.testing.rollout import RegisteredBackend
-    from rlcore.testing.rollout_pytest import score_in_child
+    from rlcore_testing.rollout import RegisteredBackend
+    from rlcore_testing.rollout_pytest import score_in_child
 
     vllm = RegisteredBackend("vllm", max_model_len=model.config.max_position_embeddings)
     served = torch.tensor(score_in_child(vllm, str(out), [ids[0].tolist()], [1])[0])
@@ -207,7 +207,7 @@ def run_with_a_checkpoint(tmp_path_factory):
     from rlcore.config import load_config, save_config, to_dict
     from rlcore.megatron.model import read_hf_config
     from rlcore.plugins import load_plugins
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 

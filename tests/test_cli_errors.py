@@ -33,7 +33,7 @@ def test_mistake_exits_non_zero_with_one_message(args, expected):
 def refusal_of_checkpoint(path, hf_overrides: dict) -> list[str]:
     """The error lines of `rlcore run` on a tiny Qwen3 checkpoint whose config.json has ``hf_overrides``: it must
     exit 2 before any worker starts, without a traceback."""
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 
@@ -82,7 +82,7 @@ def error_lines(result) -> list[str]:
 def four_heads(tmp_path_factory):
     """A tiny Qwen3 checkpoint with 4 attention heads over 2 query groups (an FFN width of 96, which 3 divides) and a
     32-token context, its tokenizer one token per character."""
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 

@@ -39,7 +39,7 @@ def converted(tmp_path_factory):
     dtype, bfloat16."""
     import sys
 
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 

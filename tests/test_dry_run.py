@@ -101,7 +101,7 @@ def test_dry_run_refuses_a_quantization_the_run_cannot_load(tmp_path):
 
     from rlcore.cli import dry_run as cli_dry_run
     from rlcore.errors import ConfigError
-    from rlcore.testing import published_config
+    from rlcore_testing.models import published_config
 
     fp8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
     plugins = load_plugins(["deepseek", "grpo", "vllm"])

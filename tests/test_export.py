@@ -6,7 +6,7 @@ import torch
 
 from rlcore.megatron.model import read_hf_config, read_hf_weights
 from rlcore.megatron.parallel import init_parallel
-from rlcore.testing import tiny_checkpoint
+from rlcore_testing.models import tiny_checkpoint
 
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=64,
              max_position_embeddings=32)

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlcore.launch import torchrun
-from rlcore.testing import tiny_checkpoint
-from rlcore.testing.fp8 import quantize_checkpoint
+from rlcore_testing.models import tiny_checkpoint
+from rlcore_testing.fp8 import quantize_checkpoint
 
 SIZES = dict(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=96,
              max_position_embeddings=64)
@@ -74,7 +74,7 @@ def test_fp8_checkpoint_loads_as_the_model_it_encodes(fp8, tmp_path, caplog):
     from transformers import AutoModelForCausalLM
 
     from rlcore.megatron.parallel import init_parallel
-    from rlcore.testing import assert_logits_match, build_megatron
+    from rlcore_testing.models import assert_logits_match, build_megatron
 
     family, path, plain = fp8
     init_parallel(seed=0)
@@ -106,14 +106,14 @@ _TP2_RANK = textwrap.dedent("""
     from transformers import AutoModelForCausalLM
     from rlcore.megatron.parallel import init_parallel
     from rlcore.plugins import load_plugins
-    from rlcore.testing import assert_logits_match, build_megatron
+    from rlcore_testing.models import assert_logits_match, build_megatron
     family, path, plain = sys.argv[1:4]
     spec = load_plugins().registry.get("models", family)
     init_parallel(tp=2, seed=0)
     model, _ = build_megatron(spec, path)
     reference = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-    import rlcore.testing as t
+    import rlcore_testing.models as t
     ids, positions = t._ids(48)
     with torch.no_grad():
         ours = gather_from_tensor_model_parallel_region(model(ids, positions, None))[..., :48]
@@ -140,7 +140,7 @@ def test_grpo_from_an_fp8_checkpoint_serves_the_dequantized_weights(quickstart, 
     """The quickstart's model written in block FP8: the actor loads it dequantized, vLLM starts without weights
     (it would serve FP8 differently, and on CPU not at all) and after each push serves what the actor holds: the
     engine check after every sync passes (placeholder weights would fail it)."""
-    from rlcore.testing import run_grpo_smoke
+    from rlcore_testing.models import run_grpo_smoke
 
     fp8_dir = str(tmp_path / "fp8")
     quantize_checkpoint(quickstart.model_path, fp8_dir, (32, 48), shard_bytes=256 << 10)

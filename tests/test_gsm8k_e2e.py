@@ -13,8 +13,8 @@ import pytest
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_grpo_on_gsm8k_parquet_with_a_chat_template_and_the_math_reward(tmp_path, chat_tokenizer):
-    from rlcore.testing import tiny_checkpoint
-    from rlcore.testing.gsm8k import gsm8k_lines
+    from rlcore_testing.models import tiny_checkpoint
+    from rlcore_testing.gsm8k import gsm8k_lines
     from rlcore_model_qwen3.plugin import QWEN3
 
     ckpt = tmp_path / "ckpt"

@@ -81,7 +81,7 @@ def test_reference_is_the_starting_model_with_adapters_off(tmp_path):
     trains the starting model itself (B = 0), so its KL to the reference is 0 only if the reference is the starting
     model; later updates move away from it. The reference logprobs after updates equal the starting model's, and no
     second model is built: tests/parallel/test_lora_actor.py."""
-    from rlcore.testing import run_grpo_smoke
+    from rlcore_testing.models import run_grpo_smoke
 
     history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, *LORA, "algorithm.kl_coef=0.05")
     kl = [h["actor/kl_ref"] for h in history]

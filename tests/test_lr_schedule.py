@@ -31,7 +31,7 @@ def test_the_actor_applies_and_logs_the_schedule(tmp_path):
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.model import read_hf_config, read_hf_weights
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.optimizers import SPECS
 

@@ -19,7 +19,7 @@ from rlcore.rollout import pausable
 from rlcore.rollout.pausable import PausableEngine, continuation_seed
 from rlcore.rollout.requests import run, sample
 from rlcore.specs import Completion, RolloutBackend, Sampling
-from rlcore.testing.rollout import LOGPROB_TOLERANCE, RegisteredBackend, contract_hf_config, write_word_tokenizer
+from rlcore_testing.rollout import LOGPROB_TOLERANCE, RegisteredBackend, contract_hf_config, write_word_tokenizer
 
 # --------------------------------------------------------------------------------------------------------------------
 # A scripted engine.
@@ -324,7 +324,7 @@ def push_mid_generation(factory, path: str, pushes: int = 1) -> dict:
     ``pushes`` times by a push of other weights (versions 1, 2, ...) after a few decode steps each; then the
     completion's tokens scored under every version's weights. Returns plain data (it also runs in a child process)."""
     from rlcore.megatron.model import read_hf_weights
-    from rlcore.testing import random_hf_state
+    from rlcore_testing.models import random_hf_state
 
     hf_config = contract_hf_config()
     weights = [read_hf_weights(path)] + [random_hf_state(hf_config, scale=0.2, seed=v) for v in range(1, pushes + 1)]
@@ -384,7 +384,7 @@ def assert_spans_the_pushes(result: dict, pushes: int) -> None:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    from rlcore.testing import write_checkpoint
+    from rlcore_testing.models import write_checkpoint
 
     path = str(tmp_path_factory.mktemp("pausable"))
     hf_config = contract_hf_config()
@@ -424,7 +424,7 @@ def test_two_pushes_during_one_request_on_transformers(checkpoint):
 
 
 def test_without_partial_transformers_finishes_the_request_on_the_old_weights(checkpoint):
-    from rlcore.testing import random_hf_state
+    from rlcore_testing.models import random_hf_state
 
     engine = RegisteredBackend("hf")(checkpoint)
     paused = PausableEngine(engine, partial=False)

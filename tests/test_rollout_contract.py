@@ -1,4 +1,4 @@
-"""The rollout-backend contract (rlcore.testing.rollout) fails for the bugs it is there to catch: each case wraps the
+"""The rollout-backend contract (rlcore_testing.rollout) fails for the bugs it is there to catch: each case wraps the
 transformers backend with one bug and runs the check that must fail. A check that passes a broken backend would
 pass every real one too, and so prove nothing about them."""
 import dataclasses
@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from rlcore.specs import Completion, RolloutBackend
-from rlcore.testing.rollout import CHECKS, RegisteredBackend, build_contract
-from rlcore.testing.rollout_pytest import RolloutContract
+from rlcore_testing.rollout import CHECKS, RegisteredBackend, build_contract
+from rlcore_testing.rollout_pytest import RolloutContract
 
 
 class Buggy(RolloutBackend):

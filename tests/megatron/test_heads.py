@@ -6,7 +6,7 @@ import torch
 from rlcore.config.schema import ActorConfig, CriticConfig, OptimConfig
 from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate, masked_mean
-from rlcore.testing import random_hf_state
+from rlcore_testing.models import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 

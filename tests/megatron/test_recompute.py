@@ -8,7 +8,7 @@ from rlcore.data import Batch, build_sequences
 from rlcore.losses import aggregate
 from rlcore.megatron.actor import MegatronActor
 from rlcore.megatron.critic import MegatronCritic
-from rlcore.testing import random_hf_state
+from rlcore_testing.models import random_hf_state
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 

@@ -185,7 +185,7 @@ GPT_JOB = textwrap.dedent("""
     from rlcore.megatron.parallel import init_parallel
     from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
     from rlcore.megatron.names import global_name
-    from rlcore.testing.lora import set_random_adapters
+    from rlcore_testing.lora import set_random_adapters
 
     def gpt_job(path, tp, sp, plugin, spec_name, targets):
         # the checkpoint at path as a GPTModel of the plugin's spec at TP tp with adapters on targets: its logits in
@@ -278,7 +278,7 @@ def runs(tmp_path_factory, tiny_qwen3):
     """("linear", layout) and (model, layout) of CASES -> that job's tensors, all made in two torchruns."""
     import importlib
 
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("lora")
     checkpoints = {"qwen3": tiny_qwen3, "deepseek_v3": tmp / "deepseek_v3"}

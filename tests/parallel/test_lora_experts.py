@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
     from rlcore.megatron.parallel import init_parallel
     from rlcore.sizing import _moe_layers, adapter_params
     from rlcore.megatron.names import global_name
-    from rlcore.testing.lora import set_random_adapters
+    from rlcore_testing.lora import set_random_adapters
 
     def moe_job(path, tp, ep, sp, save_to, resume_from, names_to, plugin, spec_name):
         # save_to, resume_from: a checkpoint of the adapters to write / to load ("-": none); names_to: where rank 0

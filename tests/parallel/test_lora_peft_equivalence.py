@@ -14,7 +14,7 @@ import pytest
 import torch
 from ranks import RUN_JOBS, run_jobs_by_world
 
-from rlcore.testing import LOGIT_TOLERANCE, tiny_checkpoint
+from rlcore_testing.models import LOGIT_TOLERANCE, tiny_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlcore.testing import reward_gain
+from rlcore_testing.models import reward_gain
 
 from runs import run_cli
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from rlcore.testing import reward_gain
+from rlcore_testing.models import reward_gain
 from rlcore_algo_rloo import RLOOConfig, clipped_reinforce_loss, leave_one_out_advantages
 
 from runs import run_cli

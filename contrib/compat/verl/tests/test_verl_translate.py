@@ -36,7 +36,7 @@ def registry():
 @pytest.fixture(scope="module")
 def chat_tokenizer():
     """A byte-level BPE tokenizer trained here, with Qwen3's special tokens and a Qwen3-style chat template."""
-    from rlcore.testing.gsm8k import chat_tokenizer
+    from rlcore_testing.gsm8k import chat_tokenizer
 
     return chat_tokenizer()
 
@@ -439,8 +439,8 @@ def _gsm8k_job(tmp_path, chat_tokenizer):
     """The tiny GSM8K job of tests/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a verl-style
     compute_score that prefers short answers (a random model solves nothing; this gives the update a gradient)."""
     from rlcore.cli import main
-    from rlcore.testing import tiny_checkpoint
-    from rlcore.testing.gsm8k import gsm8k_lines
+    from rlcore_testing.models import tiny_checkpoint
+    from rlcore_testing.gsm8k import gsm8k_lines
     from rlcore_model_qwen3.plugin import QWEN3
 
     ckpt = tmp_path / "ckpt"

@@ -7,7 +7,7 @@ import pytest
 
 from rlcore.megatron.model import read_hf_config
 from rlcore.megatron.parallel import init_parallel
-from rlcore.testing import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact,
+from rlcore_testing.models import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact,
                             build_megatron, tiny_checkpoint)
 from rlcore_model_deepseek.plugin import DEEPSEEK_V3, MOONLIGHT
 

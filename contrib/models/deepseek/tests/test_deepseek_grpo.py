@@ -4,7 +4,7 @@ vLLM's CPU build cannot run multi-latent attention correctly, so generation runs
 (the rlcore-rollout-hf backend); the engine is checked against the Megatron actor after every weight push."""
 import pytest
 
-from rlcore.testing import run_grpo_smoke
+from rlcore_testing.models import run_grpo_smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rlcore.megatron.parallel import init_parallel
-from rlcore.testing import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact, build_megatron,
+from rlcore_testing.models import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact, build_megatron,
                             published_config, tiny_checkpoint)
 from rlcore_model_llama.plugin import LLAMA
 

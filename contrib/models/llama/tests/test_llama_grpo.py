@@ -3,7 +3,7 @@ vLLM and on SGLang: the engine is checked against the actor after every weight p
 difference < 1e-3), so the engines' scaled RoPE is the actor's."""
 import pytest
 
-from rlcore.testing import run_grpo_smoke
+from rlcore_testing.models import run_grpo_smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -1,7 +1,7 @@
 """Conformance sweep: Llama-3.1-8B's (untied, llama3 RoPE factor 8) and Llama-3.2-1B's (tied, explicit head_dim,
 factor 32) published configs with their sizes scaled down, every key the plugin reads varied one at a time and
 together: each case matches transformers (logits to LOGIT_TOLERANCE, exact round trip) or is refused by name."""
-from rlcore.testing import OMIT, published_config, sweep_tests
+from rlcore_testing.models import OMIT, published_config, sweep_tests
 from rlcore_model_llama.plugin import LLAMA
 
 TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,

@@ -3,7 +3,7 @@ exact, TP-sharded rules exact, and expert parallelism over two processes."""
 import pytest
 
 from rlcore.megatron.parallel import init_parallel
-from rlcore.testing import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
+from rlcore_testing.models import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
                             assert_tp_conversion_exact, build_megatron, tiny_checkpoint)
 from rlcore_model_mixtral.plugin import MIXTRAL
 

@@ -1,6 +1,6 @@
 """Conformance sweep: Mixtral-8x7B's published config with its sizes scaled down, every key the plugin reads varied
-one at a time and together (rlcore.testing.sweep_tests): each case matches transformers or is refused by name."""
-from rlcore.testing import OMIT, published_config, sweep_tests
+one at a time and together (rlcore_testing.models.sweep_tests): each case matches transformers or is refused by name."""
+from rlcore_testing.models import OMIT, published_config, sweep_tests
 from rlcore_model_mixtral.plugin import MIXTRAL
 
 BASE = published_config("mixtral-8x7b", vocab_size=64, hidden_size=64, intermediate_size=48, num_hidden_layers=2,

@@ -4,7 +4,7 @@ query groups like the fused QKV weight), and (MoE) expert parallelism over two p
 import pytest
 
 from rlcore.megatron.parallel import init_parallel
-from rlcore.testing import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
+from rlcore_testing.models import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
                             assert_tp_conversion_exact, build_megatron, tiny_checkpoint)
 from rlcore_model_qwen2.plugin import QWEN2, QWEN2_MOE
 

@@ -4,7 +4,7 @@ weight push (run_grpo_smoke: max logprob difference < 1e-3). SGLang's Qwen2-MoE 
 from rlcore_rollout_sglang's shim (shared_expert_gate_in_torch)."""
 import pytest
 
-from rlcore.testing import run_grpo_smoke
+from rlcore_testing.models import run_grpo_smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -2,7 +2,7 @@
 the quickstart tests), vLLM's CPU engine checked against the actor after every weight push."""
 import pytest
 
-from rlcore.testing import run_grpo_smoke
+from rlcore_testing.models import run_grpo_smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

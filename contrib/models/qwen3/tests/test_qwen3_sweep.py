@@ -1,8 +1,8 @@
 """Conformance sweep: Qwen3-8B's and Qwen3-30B-A3B's published configs with their sizes scaled down, every key the
 plugin reads varied one at a time and together. Each case is written as a config.json exactly as given (left-out keys
-stay out) and must either match transformers (logits to rlcore.testing.LOGIT_TOLERANCE, exact round trip) or be
+stay out) and must either match transformers (logits to rlcore_testing.models.LOGIT_TOLERANCE, exact round trip) or be
 refused with a message naming the key."""
-from rlcore.testing import OMIT, published_config, sweep_tests
+from rlcore_testing.models import OMIT, published_config, sweep_tests
 from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
 
 TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -2,7 +2,7 @@
 actor's (run_grpo_smoke checks it each step), its sampled logprobs are the actor's, and bad settings are named."""
 import pytest
 
-from rlcore.testing import run_grpo_smoke
+from rlcore_testing.models import run_grpo_smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -59,7 +59,7 @@ def test_refusal_is_one_config_error_naming_the_alternative():
 
 def test_rlcore_run_refuses_before_workers_start(tmp_path):
     """A real Mixtral checkpoint whose head_dim SGLang's Mixtral would ignore."""
-    from rlcore.testing import tiny_checkpoint
+    from rlcore_testing.models import tiny_checkpoint
     from rlcore_model_mixtral.plugin import MIXTRAL as SPEC
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 

@@ -1,4 +1,4 @@
-"""The rollout-backend contract (rlcore.testing.rollout) on the SGLang backend, with its known limitation on CPU; plus
+"""The rollout-backend contract (rlcore_testing.rollout) on the SGLang backend, with its known limitation on CPU; plus
 what is SGLang's own: weights handed over in several buckets, and a stop that ends only the engine's processes."""
 import importlib.util
 import subprocess
@@ -10,8 +10,8 @@ if importlib.util.find_spec("sglang") is None:
 
 import psutil
 
-from rlcore.testing.rollout import RegisteredBackend
-from rlcore.testing.rollout_pytest import RolloutContract
+from rlcore_testing.rollout import RegisteredBackend
+from rlcore_testing.rollout_pytest import RolloutContract
 
 pytestmark = [pytest.mark.slow]
 

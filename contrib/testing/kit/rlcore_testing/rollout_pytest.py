@@ -1,4 +1,4 @@
-"""The rollout contract (``rlcore.testing.rollout``'s checks) as pytest tests: ``RolloutContract``, the class a
+"""The rollout contract (``rlcore_testing.rollout``'s checks) as pytest tests: ``RolloutContract``, the class a
 backend's test module subclasses, and the child process that hosts the engine when vLLM's one-engine-per-process rule
 asks for it."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.testing.rollout import CHECKS, LOGPROB_TOLERANCE, Contract, Factory, build_contract
+from rlcore_testing.rollout import CHECKS, LOGPROB_TOLERANCE, Contract, Factory, build_contract
 
 # --------------------------------------------------------------------------------------------------------------------
 # The contract in a child process: vLLM allows one in-process engine per process, and a test session may host one.

@@ -1,11 +1,11 @@
 """The rollout-backend contract: what rlcore asks of every ``RolloutBackend``, per request, checked against
 transformers.
 
-The checks are here; ``rlcore.testing.rollout_pytest`` runs them as tests. A backend's test module gets the whole
+The checks are here; ``rlcore_testing.rollout_pytest`` runs them as tests. A backend's test module gets the whole
 contract as a class (``contrib/rollout/*/tests/test_*_contract.py``)::
 
-    from rlcore.testing.rollout import RegisteredBackend
-    from rlcore.testing.rollout_pytest import RolloutContract
+    from rlcore_testing.rollout import RegisteredBackend
+    from rlcore_testing.rollout_pytest import RolloutContract
 
     class TestVLLMContract(RolloutContract):
         factory = RegisteredBackend("vllm")
@@ -35,7 +35,7 @@ in-process engine per process) and each test asks it to run one check. Requests 
   the teacher-forced ``score`` and transformers' log_softmax(logits);
 - ``score_from_any_start``: ``score`` from starts 1, mid and last equals transformers;
   ``score_refuses_the_first_token``: start 0 raises (ValueError or RuntimeError), as no logprob exists there;
-- ``update_weights``: pushing other weights (``rlcore.testing.random_hf_state``, as a stream) as a new version
+- ``update_weights``: pushing other weights (``rlcore_testing.models.random_hf_state``, as a stream) as a new version
   changes the outputs, which then equal transformers on those weights and report that version; pushing the
   checkpoint back restores the first outputs;
 - ``release_and_resume_memory``: where ``can_release_memory``, the hybrid engine's order (release, resume weights,
@@ -333,7 +333,7 @@ def check_update_weights(c: Contract) -> None:
     """Every step's weight sync: a stream of full HF-named tensors replaces every weight, no stale KV is reused."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.testing import random_hf_state
+    from rlcore_testing.models import random_hf_state
 
     new = random_hf_state(c.hf_config, scale=0.2, seed=1)
     before = _sample(c, c.prompts, 1, 0.0)
@@ -400,7 +400,7 @@ CHECKS: dict[str, Callable[[Contract], None]] = {
 def build_contract(factory: Factory, path: str, tolerance: float = LOGPROB_TOLERANCE,
                    hf_config: dict | None = None) -> Contract:
     """Writes the checkpoint (and a tokenizer) to ``path``, picks the prompts, starts the engine."""
-    from rlcore.testing import write_checkpoint
+    from rlcore_testing.models import write_checkpoint
 
     hf_config = hf_config or contract_hf_config()
     reference = write_checkpoint(hf_config, path)

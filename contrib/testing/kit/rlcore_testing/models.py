@@ -257,7 +257,7 @@ _EP_RANK = textwrap.dedent("""
     from transformers import AutoModelForCausalLM
     from rlcore.megatron.parallel import init_parallel, shutdown_parallel
     from rlcore.plugins import load_plugins
-    from rlcore.testing import assert_logits_match, assert_round_trip_exact, build_megatron
+    from rlcore_testing.models import assert_logits_match, assert_round_trip_exact, build_megatron
     plugin, family, path, vocab = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     spec = load_plugins([plugin]).registry.get("models", family)
     init_parallel(ep=2, seed=0)
