@@ -10,8 +10,9 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core"
 
-# Packages leaving the core for distributions of their own; the core must not import them, nor the distributions.
-LEAVING = ("rlcore.verl", "rlcore.multiturn", "rlcore.testing")     # gone: rlcore-verl, rlcore-agent-tools, rlcore-testing
+# Packages that left the core for distributions of their own (rlcore-verl, rlcore-agent-tools, rlcore-testing); the
+# core must not import them, nor the distributions.
+LEAVING = ("rlcore.verl", "rlcore.multiturn", "rlcore.testing")
 DISTRIBUTIONS = ("rlcore_model_", "rlcore_algo_", "rlcore_rollout_", "rlcore_verl", "rlcore_agent_tools",
                  "rlcore_testing")
 

@@ -138,7 +138,7 @@ def actor_train_step(old_logprobs="actor", ref_logprobs=None, **options):
     old policy's logprobs from ``old_logprobs`` (actor.old_logprobs)."""
     from types import SimpleNamespace
 
-    from rlcore.workers.worker import ActorRolloutWorker
+    from rlcore.workers.colocated import ActorRolloutWorker
     grpo = pytest.importorskip("rlcore_algo_grpo.plugin")
     worker = object.__new__(ActorRolloutWorker)
     worker.algorithm = grpo.GRPO

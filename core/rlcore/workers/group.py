@@ -24,6 +24,9 @@ from rlcore.workers.worker import Worker
 
 log = logging.getLogger(__name__)
 
+# every Ray worker's environment: one torch thread per process (a worker is one rank), an in-process vLLM engine
+WORKER_ENV = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -146,9 +149,8 @@ class WorkerGroup:
         ray.get(self.placement.ready())
         master = (ray.util.get_node_ip_address(), free_port())
         remote_cls = ray.remote(num_cpus=1)(worker_cls)
-        env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
         return [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
-                                   runtime_env=env).remote(cfg, plugin_names, model_path, i, self.world, master)
+                                   runtime_env=WORKER_ENV).remote(cfg, plugin_names, model_path, i, self.world, master)
                 for i in range(self.world)]
 
     # --- plumbing ------------------------------------------------------------------------------------------------

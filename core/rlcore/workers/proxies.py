@@ -13,7 +13,8 @@ from rlcore.weight_sync.hybrid import SyncStats
 from rlcore.weight_sync.logprob_check import LogprobComparison
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.group import WorkerGroup, shares
-from rlcore.workers.worker import ActorRolloutWorker, ActorWorker, Worker
+from rlcore.workers.colocated import ActorRolloutWorker
+from rlcore.workers.worker import ActorWorker, Worker
 
 
 class TrainGroup(WorkerGroup):

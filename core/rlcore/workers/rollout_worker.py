@@ -10,18 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import shutil
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from rlcore.config import Config, bind_agent
+from rlcore.config import Config
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory, episode_samples
-from rlcore.workers.group import death_cause, shares, start_ray
+from rlcore.workers.group import WORKER_ENV, death_cause, shares, start_ray
 
 if TYPE_CHECKING:
     from rlcore.weight_sync.push import WeightPushReceiver
+    from rlcore.workers.engine import HostedEngine
 
 
 class RolloutWorker:
@@ -33,7 +32,7 @@ class RolloutWorker:
         join_world(0, 1, None)
         self.cfg, self.plugin_names, self.model_path, self.index = cfg, plugin_names, model_path, index
         self.receiver: WeightPushReceiver | None = None
-        self.engine_dir: str | None = None
+        self.hosted: HostedEngine | None = None      # the engine and agent, built by start()
         self.pid = os.getpid()
 
     async def start(self) -> dict:
@@ -46,22 +45,13 @@ class RolloutWorker:
         from rlcore.megatron.model import read_hf_config
         from rlcore.plugins import load_plugins
         from rlcore.rollout.pausable import PausableEngine
-
-        from rlcore.hf_checkpoint import weightless_copy
-        from rlcore.workers.worker import engine_lora, starts_weightless
+        from rlcore.workers.engine import build_engine
 
         registry = load_plugins(self.plugin_names).registry
-        cfg = self.cfg
-        hf_config = read_hf_config(self.model_path)
-        self.engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if starts_weightless(self.model_path, hf_config) \
-            else None
-        backend = registry.get("rollout_backends", cfg.rollout.backend).factory(
-            weightless_copy(self.model_path, self.engine_dir) if self.engine_dir else self.model_path, cfg.rollout,
-            seed=cfg.run.seed, max_model_len=hf_config["max_position_embeddings"], distributed=False,
-            **({"load_weights": False} if self.engine_dir else {}), **engine_lora(cfg))
-        self.engine = PausableEngine(backend, partial=cfg.rollout.partial)
-        agent = registry.get("agents", cfg.rollout.agent)
-        self.agent = agent.make(self.model_path, cfg, registry, bind_agent(agent, cfg.agent))
+        self.hosted = hosted = build_engine(self.cfg, registry, self.model_path, read_hf_config(self.model_path),
+                                            distributed=False)
+        self.engine = PausableEngine(hosted.backend, partial=self.cfg.rollout.partial)
+        self.agent = hosted.agent
         self.stats_read = time.perf_counter()
         started = []
         for child in psutil.Process().children(recursive=True):
@@ -69,7 +59,7 @@ class RolloutWorker:
                 started.append(child.cmdline()[0])
             except (psutil.Error, IndexError):      # gone already, or a zombie
                 pass
-        return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": bool(self.engine_dir),
+        return {"index": self.index, "pid": self.pid, "host": socket.gethostname(), "weightless": hosted.weightless,
                 "engine_processes": started}
 
     async def _indexed(self, i: int, *args) -> tuple[int, list[Trajectory] | None]:
@@ -155,11 +145,9 @@ class RolloutWorker:
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
-        engine = vars(self).pop("engine", None)
-        if engine is not None:
-            engine.stop()
-        if self.engine_dir:
-            shutil.rmtree(self.engine_dir, ignore_errors=True)
+        hosted, self.hosted = self.hosted, None
+        if hosted is not None:        # the engine (behind its PausableEngine), then its weightless files
+            hosted.close()
 
 
 class RolloutWorkers:
@@ -179,11 +167,11 @@ class RolloutWorkers:
         self.world = cfg.rollout.world_size // tp
         self.placement = placement_group([{"CPU": tp}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
-        env = {"env_vars": {"OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
         remote_cls = ray.remote(num_cpus=tp)(RolloutWorker)
-        self.workers: list[Any] = [remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
-                                           runtime_env=env).remote(cfg, plugin_names, model_path, i)
-                        for i in range(self.world)]
+        self.workers: list[Any] = [
+            remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
+                               runtime_env=WORKER_ENV).remote(cfg, plugin_names, model_path, i)
+            for i in range(self.world)]
         self.where = ray.get([w.start.remote() for w in self.workers])
 
     def _each(self, method: Callable[..., Any], per_worker: list[tuple]) -> list:

@@ -1,26 +1,21 @@
-"""The actor+rollout worker. Every method is SPMD: the controller calls it on every worker of the group, each with
-its own share of the data, and collectives inside line up across ranks."""
+"""The trained models' workers: what every one does (``Worker``: its world, checkpoints, profiling) and the actor's
+(``ActorWorker``; colocated mode's, with its engine: ``rlcore.workers.colocated``). Every method is SPMD: the driver
+calls it on every worker of the group, each with its own share of the data, and collectives inside line up across
+ranks."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.config import Config, bind_agent, bind_plugin_section
+from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch
-from rlcore.specs import Sampling
-from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.adapters import AdapterSync, pushed
-from rlcore.weight_sync.hybrid import HybridEngine
-from rlcore.weight_sync.logprob_check import LogprobComparison, compare_logprobs
 from rlcore.learner.actor_loss import ActorLoss
 from rlcore.lr_schedule import total_updates
-from rlcore.rollout.requests import episodes
 
 if TYPE_CHECKING:
     from rlcore.megatron.trainable import MegatronTrainable
@@ -85,22 +80,6 @@ def parallel_coords(rank: int, rollout_tp: int = 1, world_size: int = 1) -> Coor
                   leads_replica=rank % rollout_tp == 0, node=_node(), tp_rank=mpu.get_tensor_model_parallel_rank(),
                   pp_rank=mpu.get_pipeline_model_parallel_rank(), cp_rank=mpu.get_context_parallel_rank(),
                   ep_rank=mpu.get_expert_model_parallel_rank())
-
-
-def starts_weightless(model_path: str, hf_config: dict) -> bool:
-    """An engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load; a
-    converted checkpoint's Megatron weights): it starts from the config without weights, and the first push gives it
-    the actor's."""
-    from rlcore.hf_to_megatron import is_converted
-    from rlcore.quantization import checkpoint_quantization
-
-    return is_converted(model_path) or checkpoint_quantization(hf_config) is not None
-
-
-def engine_lora(cfg: Config) -> dict[str, int]:
-    """The rollout backend factory's LoRA keyword: with ``rollout.lora=adapters`` the engine serves adapters of
-    ``actor.lora.rank`` on its base weights (``RolloutBackendSpec.lora_adapters``); else nothing is passed."""
-    return {"lora_rank": cfg.actor.lora.rank} if cfg.rollout.lora == "adapters" else {}
 
 
 class Worker:
@@ -223,7 +202,7 @@ class ActorWorker(Worker):
                                             model_path)
 
     def train_mode(self) -> None:
-        """Always in train mode: no engine shares this process (``ActorRolloutWorker`` has one)."""
+        """Always in train mode: no engine shares this process (``rlcore.workers.colocated`` has one)."""
 
     # --- training ------------------------------------------------------------------------------------------------
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
@@ -298,64 +277,3 @@ class ActorWorker(Worker):
         if self.pusher is not None:
             self.pusher.close()
             self.pusher = None
-
-
-class ActorRolloutWorker(ActorWorker):
-    """Colocated mode: the actor and a rollout engine shard on the same device, handing it over in turn
-    (``HybridEngine``)."""
-
-    def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
-                 world_size: int = 1, master: tuple[str, int] | None = None):
-        super().__init__(cfg, plugin_names, model_path, rank, world_size, master)
-        from rlcore.hf_checkpoint import weightless_copy
-
-        weightless = starts_weightless(model_path, self.hf_config)
-        self._engine_dir = tempfile.mkdtemp(prefix="rlcore-engine-") if weightless else None
-        self.rollout = self.registry.get("rollout_backends", cfg.rollout.backend).factory(
-            weightless_copy(model_path, self._engine_dir) if self._engine_dir else model_path, cfg.rollout,
-            seed=cfg.run.seed, max_model_len=self.hf_config["max_position_embeddings"], distributed=world_size > 1,
-            **({"load_weights": False} if weightless else {}), **engine_lora(cfg))
-        agent = self.registry.get("agents", cfg.rollout.agent)
-        self.agent = agent.make(model_path, cfg, self.registry, bind_agent(agent, cfg.agent))
-        self.engine = HybridEngine(self.actor, self.rollout, in_sync=not weightless, offload=cfg.actor.offload,
-                                   adapters=self.adapter_sync)
-
-    # --- rollout -------------------------------------------------------------------------------------------------
-    def rollout_mode(self):
-        return self.engine.rollout_mode()
-
-    def train_mode(self) -> None:
-        self.engine.train_mode()
-
-    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
-                 seeds: list[int] | None = None) -> list[list[Trajectory]]:
-        return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
-
-    def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
-        with self.engine.actor_params_on_device():
-            return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
-
-    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
-        metrics = super().train_step(share, total_tokens, total_sequences, single_update)
-        self.engine.mark_updated()
-        return metrics
-
-    def checkpoint_extras(self) -> dict:
-        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
-
-    def load_checkpoint(self, directory: str) -> dict:
-        state = super().load_checkpoint(directory)
-        self.engine.weights_version = state["updates"]     # the learner's version, as the engine reports it
-        self.engine.synced_version = -1     # the engine still holds the starting weights: push them
-        if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
-            self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
-            self.engine.train_mode()
-        return state
-
-    def stop(self) -> None:
-        super().stop()
-        if self.rollout is not None:
-            self.rollout.stop()
-            self.rollout = None
-        if self._engine_dir:
-            shutil.rmtree(self._engine_dir, ignore_errors=True)

@@ -1,0 +1,56 @@
+"""The rollout engine a worker hosts and the agent that drives it, built one way for both modes: in colocated mode
+beside the actor (``rlcore.workers.colocated``), in async mode in a rollout worker of its own
+(``rlcore.workers.rollout_worker``)."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from rlcore.config import Config, bind_agent
+from rlcore.specs import Agent, RolloutBackend
+
+
+def starts_weightless(model_path: str, hf_config: dict) -> bool:
+    """An engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load; a
+    converted checkpoint's Megatron weights): it starts from the config without weights, and the first push gives it
+    the actor's."""
+    from rlcore.hf_to_megatron import is_converted
+    from rlcore.quantization import checkpoint_quantization
+
+    return is_converted(model_path) or checkpoint_quantization(hf_config) is not None
+
+
+def engine_lora(cfg: Config) -> dict[str, int]:
+    """The rollout backend factory's LoRA keyword: with ``rollout.lora=adapters`` the engine serves adapters of
+    ``actor.lora.rank`` on its base weights (``RolloutBackendSpec.lora_adapters``); else nothing is passed."""
+    return {"lora_rank": cfg.actor.lora.rank} if cfg.rollout.lora == "adapters" else {}
+
+
+@dataclass
+class HostedEngine:
+    backend: RolloutBackend
+    agent: Agent
+    weightless: bool          # started without weights: the first push gives it the actor's
+    directory: str | None     # the weightless copy of the model's files it started from
+
+    def close(self) -> None:
+        self.backend.stop()
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def build_engine(cfg: Config, registry, model_path: str, hf_config: dict, distributed: bool) -> HostedEngine:
+    """``rollout.backend``'s engine on ``model_path`` (or, where it cannot start from those files, on a weightless
+    copy of them), then the run's agent; ``distributed``: the engine shards over this worker group's ranks."""
+    from rlcore.hf_checkpoint import weightless_copy
+
+    weightless = starts_weightless(model_path, hf_config)
+    directory = tempfile.mkdtemp(prefix="rlcore-engine-") if weightless else None
+    backend = registry.get("rollout_backends", cfg.rollout.backend).factory(
+        weightless_copy(model_path, directory) if directory else model_path, cfg.rollout, seed=cfg.run.seed,
+        max_model_len=hf_config["max_position_embeddings"], distributed=distributed,
+        **({"load_weights": False} if weightless else {}), **engine_lora(cfg))
+    spec = registry.get("agents", cfg.rollout.agent)
+    agent = spec.make(model_path, cfg, registry, bind_agent(spec, cfg.agent))
+    return HostedEngine(backend, agent, weightless, directory)
