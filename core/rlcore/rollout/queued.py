@@ -1,21 +1,17 @@
 """The queued rollout source (``trainer.mode=async``): rollout workers of their own generate while the learner
-trains. A producer (an asyncio loop on a thread of the driver) keeps groups in flight on the rollout workers as far
-as admission allows (``rlcore.rollout.staleness``) and puts each finished group into a buffer; the loop's
-``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the colocated source
-does) and drops those the filter refuses, which gives their places back to the producer. After each update the
-trainer's weights are pushed to every rollout worker (``weights_updated``).
+trains. A producer (``rlcore.rollout.producer``: an asyncio loop on a thread of the driver) keeps groups in flight
+on the rollout workers as far as admission allows (``rlcore.rollout.staleness``) and puts each finished group into
+a buffer; the loop's ``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the
+colocated source does) and drops those the filter refuses, which gives their places back to the producer. After each
+update the trainer's weights are pushed to every rollout worker (``weights_updated``).
 
 Prompts are drawn as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
 seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw order, so that with
 ``rollout.max_staleness=0`` a run samples and trains exactly what the colocated run does."""
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
-import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, NoReturn
 
 import torch
@@ -24,10 +20,9 @@ from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
-from rlcore.rollout.draws import DrawLedger
 from rlcore.rollout.handles import EngineWorkers, Trainer
-from rlcore.rollout.source import Source, prompt_seeds
-from rlcore.rollout.staleness import Admission
+from rlcore.rollout.producer import Produced, Producer
+from rlcore.rollout.source import Source
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.logprob_check import fixed_probe
@@ -35,14 +30,6 @@ from rlcore.weight_sync.logprob_check import fixed_probe
 
 def _untimed(phase: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
-
-
-@dataclass
-class Produced:
-    group: list[Trajectory]
-    draw: int                 # which draw of prompts, and which prompt of it: the order a step's groups train in
-    index: int
-    version: int              # the engines' weight version admission tagged it with at its start (Admission.version)
 
 
 class QueuedSource(Source):
@@ -55,18 +42,9 @@ class QueuedSource(Source):
         super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
         self.trainer, self.rollout = trainer, rollout
         self.batch = cfg.trainer.prompts_per_step
-        self.admission = Admission(cfg.rollout.max_staleness, self.batch, cfg.actor.mini_batches * cfg.actor.epochs)
-        self.buffer: collections.deque[Produced] = collections.deque()
-        self.running: collections.Counter[int] = collections.Counter()   # groups generating, by admission version
-        self.changed = threading.Condition()      # the buffer, running, the admission counters and the error
-        self.error: str | None = None             # what stopped the rollout side, in one line
+        self.producer = Producer(cfg, rollout, task, self.encode)
         self.pushed = 0                           # the weight version the engines hold (Learner.version, pushed)
         self.learner = (0, 0)                     # the learner's version, after this step
-        self.ledger = DrawLedger(task, self.batch)   # drawn prompts and taken groups (read and written under changed)
-        self.waiting: list[tuple[list[int], dict, int, int, int]] = []   # prompts of the draw not started yet
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.wake: asyncio.Event | None = None
-        self.counts = {"tokens": 0, "timed_out": 0}   # since the last step's take
         self.trained_tokens = 0                   # response tokens of the batch the trainer took last
         self.last_take: float | None = None
         self.stats_asked: list = []               # the rollout workers' counters, asked for at the last take
@@ -78,92 +56,12 @@ class QueuedSource(Source):
             self.pushed = -1
             self._push(_untimed, {})
 
-    # --- the producer (its own thread and event loop) ------------------------------------------------------------
-    def _start(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="rlcore-producer", daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._produce(), self.loop)
-
-    async def _produce(self) -> None:
-        self.wake = asyncio.Event()
-        load = [0] * self.rollout.world
-        try:
-            while True:
-                with self.changed:
-                    wave = self._next_prompts(self.admission.capacity())
-                    self.admission.start(len(wave))
-                    version = self.admission.version
-                    self.running[version] += len(wave)
-                if not wave:
-                    self.wake.clear()
-                    await self.wake.wait()
-                    continue
-                worker = min(range(len(load)), key=load.__getitem__)
-                load[worker] += len(wave)
-                asyncio.ensure_future(self._generate(worker, wave, version, load))
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:    # the consumer hears of it
-            self._fail(f"the rollout producer failed: {type(e).__name__}: {e}")
-
-    def _next_prompts(self, count: int) -> list[tuple[list[int], dict, int, int, int]]:
-        """Up to ``count`` prompts of the current draw (new draws when it is used up): (tokens, metadata, seed,
-        draw, index)."""
-        while count and not self.waiting:
-            draw, prompts = self.ledger.draw()
-            seeds = prompt_seeds(self.batch, self.cfg.run.seed, "train", draw, 1)
-            self.waiting = [(self.encode(p), m, seeds[i], draw, i) for i, p, m in prompts]
-        wave, self.waiting = self.waiting[:count], self.waiting[count:]
-        return wave
-
-    async def _generate(self, worker: int, wave: list, version: int, load: list[int]) -> None:
-        sampling = Sampling(self.cfg.rollout.max_response_len, self.cfg.rollout.temperature)
-        try:
-            stream = self.rollout.stream_groups(worker, [p for p, *_ in wave], [m for _, m, *_ in wave],
-                                                self.cfg.rollout.n, sampling, [s for _, _, s, *_ in wave],
-                                                f"d{wave[0][3]}-{wave[0][4]}")
-            async for ref in stream:
-                i, group = await ref
-                _, _, _, draw, index = wave[i]
-                with self.changed:
-                    self.running[version] -= 1
-                    if group is None:           # past rollout.request_timeout: dropped, its place given back
-                        self.counts["timed_out"] += 1
-                        self.ledger.take(draw, index)
-                        self.admission.finish(kept=False)
-                    else:
-                        self.buffer.append(Produced(group, draw, index, version))
-                        self.admission.finish(kept=True)
-                        self.counts["tokens"] += sum(sum(t.loss_mask) for t in group)
-                    self.changed.notify_all()
-                load[worker] -= 1
-                self._poke()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            self._fail(self.rollout.failed(worker, e))
-
-    def _fail(self, message: str) -> None:
-        with self.changed:
-            self.error = self.error or message
-            self.changed.notify_all()
-
-    def _poke(self) -> None:
-        """Tell the producer that admission may have room now (from any thread)."""
-        if self.loop is not None and self.wake is not None:
-            self.loop.call_soon_threadsafe(self.wake.set)
-
     # --- what the loop asks for ----------------------------------------------------------------------------------
     def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
         """``trainer.prompts_per_step`` groups the filter keeps, in draw order, taken as they come (at most
         ``rollout.max_sampling_rounds`` times that many looked at); every group sampled for the step is scored."""
         cfg = self.cfg
-        if self.loop is None:
-            self._start()
-        with self.changed:
-            self.admission.advance(step, version, self.pushed)     # the weights pushed so far are on the engines
-        self._poke()
+        self.producer.advance(step, version, self.pushed)     # the weights pushed so far are on the engines
         kept: list[Produced] = []
         sampled: list[tuple[tuple[int, int], Scores]] = []
         behind: list[int] = []
@@ -171,12 +69,12 @@ class QueuedSource(Source):
         waited_before = timer.seconds.get("wait", 0.0)
         while len(kept) < self.batch and looked < cfg.rollout.max_sampling_rounds * self.batch:
             with timer("wait"):
-                produced, depth = self._take()
+                produced, depth = self.producer.take()
             looked += 1
             lag = version - produced.version           # versions between the weights it started with and these
             if lag > cfg.rollout.max_staleness:        # a straggler past the bound: dropped, never trained on
                 stale += 1
-                self._give_back()
+                self.producer.give_back()
                 continue
             scores = self.scored([produced.group], timer)
             sampled.append(((produced.draw, produced.index), scores))
@@ -185,7 +83,7 @@ class QueuedSource(Source):
                 behind.append(lag)
             else:
                 dropped += 1
-                self._give_back()
+                self.producer.give_back()
         metrics.update(self._rates(timer.seconds["wait"] - waited_before))
         kept.sort(key=lambda p: (p.draw, p.index))
         for g, produced in enumerate(kept):
@@ -211,8 +109,7 @@ class QueuedSource(Source):
         resumes) are one step behind: asked for at a take and read at the next, as a busy engine answers only
         between its steps (waiting for the answer cost the trainer ~70 ms a step on the quickstart)."""
         now = time.perf_counter()
-        with self.changed:
-            counts, self.counts = self.counts, {"tokens": 0, "timed_out": 0}
+        counts = self.producer.counted()
         engines = self._gather(self.stats_asked or self.rollout.stats())
         self.stats_asked = self.rollout.stats()
         metrics = {"async/groups_timed_out": float(counts["timed_out"]),
@@ -242,7 +139,7 @@ class QueuedSource(Source):
 
     def _worker_failed(self, index: int, error: BaseException) -> NoReturn:
         message = self.rollout.failed(index, error)
-        self._fail(message)
+        self.producer.fail(message)
         raise WorkerDied(message) from None
 
     def _dead_receiver(self, refs: list) -> None:
@@ -262,33 +159,6 @@ class QueuedSource(Source):
                     pass
                 except Exception as e:
                     self._worker_failed(index, e)
-
-    def _take(self) -> tuple[Produced, int]:
-        """A finished group of the oldest version started (waiting for one: a straggler is waited for, not passed
-        by newer groups, which would leave it past the staleness bound), and how many were in the buffer."""
-        with self.changed:
-            while (at := self._oldest()) is None and self.error is None:
-                self.changed.wait()
-            if self.error is not None or at is None:
-                raise WorkerDied(str(self.error))
-            depth = len(self.buffer)
-            produced = self.buffer[at]
-            del self.buffer[at]
-            self.ledger.take(produced.draw, produced.index)
-            return produced, depth
-
-    def _oldest(self) -> int | None:
-        """Where in the buffer the first finished group of the oldest version among those running or finished is,
-        if one of that version has finished."""
-        versions = [v for v, count in self.running.items() if count > 0] + [p.version for p in self.buffer]
-        oldest = min(versions, default=None)
-        return next((i for i, p in enumerate(self.buffer) if p.version == oldest), None)
-
-    def _give_back(self) -> None:
-        """A group that will not train gives its place in the admission count back."""
-        with self.changed:
-            self.admission.accepted -= 1
-        self._poke()
 
     # --- weights -------------------------------------------------------------------------------------------------
     def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
@@ -342,8 +212,7 @@ class QueuedSource(Source):
 
     def state_dict(self) -> dict:
         """The task's state before the first draw not wholly taken, and which groups of later draws were."""
-        with self.changed:
-            producer = self.ledger.state_dict()
+        producer = self.producer.state_dict()
         return {"task": producer["task"], "producer": producer}
 
     def resumed(self, step: int, version: int, state: dict) -> None:
@@ -351,10 +220,7 @@ class QueuedSource(Source):
         version (what was in flight when the run stopped is generated again, with these weights)."""
         self.learner = (version, step)
         self._push(_untimed, {})
-        with self.changed:
-            self.admission.rebase(step, version, step * self.batch)
-            if "producer" in state:
-                self.ledger.load_state_dict(state["producer"])
+        self.producer.resumed(step, version, state.get("producer"))
 
     def sync(self) -> dict[str, float]:
         """Before an evaluation: the engines get the learner's weights if a push is still due (sync_every > 1)."""
@@ -371,16 +237,4 @@ class QueuedSource(Source):
 
     def close(self) -> None:
         """Cancel the producer's requests and stop its loop (before the rollout workers stop)."""
-        if self.loop is None:
-            return
-        loop, self.loop = self.loop, None
-
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        self.thread.join(timeout=30)
+        self.producer.close()
