@@ -23,7 +23,7 @@ this benchmark's own). Printed beside ``rlcore run --dry-run``'s estimate for th
 Sync, ``--repeats`` times after the update (the median): the seconds to produce what the engine loads, and its
 bytes. *full fine-tuning*: the resharder's stream of HF weights (``Resharder.stream``) in the full arm; *merged*:
 the same stream in the LoRA arm, each adapted weight sent as W + B A * scale (what a LoRA run sends by default);
-*adapters*: the adapters alone, as ``rollout.lora=adapters`` sends them (``rlcore.weight_sync.adapters.AdapterSync``:
+*adapters*: the adapters alone, as ``rollout.lora=adapters`` sends them (``rlcore.lora.sync.AdapterSync``:
 gathered over the ranks, in PEFT's per-projection layout), alternating with *merged*. The engine's own load is not
 part of this benchmark (bench/weight_sync.py measures vLLM's and SGLang's): every tensor a sync yields is copied into
 a buffer allocated beforehand, as an engine copies into its parameters, so each pays for its bytes alike. With
@@ -92,8 +92,8 @@ def syncs(actor, repeats: int, lora: bool) -> dict[str, dict[str, float]]:
 
     streams = {"merged": actor.hf_weights}
     if lora:       # what rollout.lora=adapters sends: the whole adapter in PEFT's layout, gathered over the ranks
-        from rlcore.config.loader import lora_config
-        from rlcore.weight_sync.adapters import AdapterSync
+        from rlcore.lora.config import lora_config
+        from rlcore.lora.sync import AdapterSync
 
         adapters = AdapterSync(actor.model, actor.converter, lora_config(actor.cfg.lora), None)
         streams["adapters"] = lambda: iter(adapters.tensors().items())
@@ -120,8 +120,8 @@ def engine_syncs(actor, registry, cfg, base: str, repeats: int) -> dict[str, dic
     ``repeats`` after a warm-up sync (a fresh engine's first load is slower)."""
     import statistics
 
-    from rlcore.config.loader import lora_config
-    from rlcore.weight_sync.adapters import AdapterSync
+    from rlcore.lora.config import lora_config
+    from rlcore.lora.sync import AdapterSync
     from rlcore.weight_sync.hybrid import HybridEngine
 
     backend = registry.get("rollout_backends", "vllm")

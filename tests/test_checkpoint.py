@@ -128,7 +128,8 @@ def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(tmp_path, unint
 
     from megatron.core.dist_checkpointing import load_tensors_metadata
 
-    from rlcore.checkpoint import STATE, base_fingerprint, check_compatible
+    from rlcore.checkpoint import STATE, check_compatible
+    from rlcore.lora.base import base_fingerprint
     from rlcore.errors import ConfigError
 
     checkpoint = uninterrupted("lora-tp2", run_dir=True) / "checkpoints" / f"step_{STEPS:08d}"

@@ -48,7 +48,7 @@ def test_a_lora_checkpoints_missing_or_other_base_is_one_line_naming_it(tmp_path
     weight files differ from those the run fingerprinted, saying to pass --base."""
     from safetensors.torch import save_file
 
-    from rlcore.checkpoint import base_fingerprint
+    from rlcore.lora.base import base_fingerprint
     from rlcore.errors import ConfigError
     from rlcore.export import lora_base
 

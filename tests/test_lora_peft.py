@@ -1,12 +1,13 @@
-"""rlcore's LoRA factors in PEFT's layout (``rlcore.lora_peft``): per HF projection, W_hf + scale * lora_B lora_A
+"""rlcore's LoRA factors in PEFT's layout (``rlcore.lora.peft``): per HF projection, W_hf + scale * lora_B lora_A
 equals the HF conversion of the merged Megatron weight, for fused and plain rules at TP1 and TP2; and the keys,
 shapes and config are those PEFT itself builds for the same HF model."""
 import pytest
 import torch
 
 from rlcore.convert import Layout, Rename, WeightConverter, gated_mlp_rules, llama_style_rules
-from rlcore.lora_peft import adapter_config, peft_factors, peft_state_dict, target_modules
-from rlcore.megatron.lora import LoRAConfig, merge
+from rlcore.lora.peft import adapter_config, peft_factors, peft_state_dict, target_modules
+from rlcore.lora.config import LoRAConfig
+from rlcore.lora.layers import merge
 
 LAYOUT = Layout(num_heads=4, num_query_groups=2, head_dim=8, vocab_size=64)
 HIDDEN, FFN, RANK = 32, 48, 4

@@ -82,7 +82,7 @@ def test_vllm_refuses_a_rank_past_its_largest():
 
 
 def test_a_pushed_adapter_carries_its_config():
-    from rlcore.weight_sync.adapters import pushed, received
+    from rlcore.lora.sync import pushed, received
 
     tensors = {"base_model.model.model.layers.0.mlp.down_proj.lora_A.weight": torch.randn(8, 16),
                "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight": torch.randn(4, 8)}

@@ -19,6 +19,7 @@ import time
 from typing import Mapping, Protocol
 
 from rlcore.errors import ConfigError
+from rlcore.lora.base import base_differences
 
 
 
@@ -132,33 +133,6 @@ class Checkpointer:
         for _, old in complete_checkpoints(self.run_dir)[:-self.keep]:
             shutil.rmtree(old)
         return True
-
-
-SAMPLED_BYTES = 1 << 20
-
-
-def base_fingerprint(model_path: str) -> dict[str, list]:
-    """What a LoRA checkpoint's adapters apply to, which the checkpoint does not hold: each weight file of the HF
-    checkpoint ``model_path`` as [size, sha256 of its first and last MiB]. Reads 2 MiB per file at any model size;
-    another checkpoint differs in a name or size, or in the header and the first and last tensors' bytes."""
-    import hashlib
-
-    found = {}
-    for file in sorted(glob.glob(os.path.join(model_path, "*.safetensors"))):
-        size = os.path.getsize(file)
-        digest = hashlib.sha256()
-        with open(file, "rb") as f:
-            digest.update(f.read(SAMPLED_BYTES))
-            f.seek(max(0, size - SAMPLED_BYTES))
-            digest.update(f.read(SAMPLED_BYTES))
-        found[os.path.basename(file)] = [size, digest.hexdigest()]
-    return found
-
-
-def base_differences(recorded: dict[str, list], model_path: str) -> list[str]:
-    """The weight files in which ``model_path`` differs from a LoRA checkpoint's recorded base (``base_fingerprint``)."""
-    now = base_fingerprint(model_path)
-    return sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))
 
 
 def check_compatible(path: str, family: str, hf_config: dict, plugins: list[dict], config: dict,

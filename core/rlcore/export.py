@@ -11,7 +11,7 @@ stays at about one bucket, at any model size (the optimizer state is never read)
 A LoRA checkpoint holds the adapters; the frozen base weights are where the run read them (rlcore_checkpoint.json's
 model.path: HF files, or ``rlcore convert``'s distributed checkpoint), or, in checkpoints from before, in the
 checkpoint itself. The merged export reads each base tensor from there and adds scale * lora_B lora_A per HF
-projection, from the same PEFT factors the adapter export writes (``rlcore.lora_peft``)."""
+projection, from the same PEFT factors the adapter export writes (``rlcore.lora.peft``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +29,7 @@ from rlcore.hf_to_megatron import ConvertedWeights
 from rlcore.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
 
 # what a LoRA run's weights are merged onto: HF files, a converted distributed checkpoint, or (None) the run's own
 # checkpoint, which held the base weights before LoRA checkpoints became adapter-sized
@@ -42,7 +42,7 @@ class SavedModel:
     (``init_parallel()``)."""
 
     def __init__(self, directory: str, spec: ModelSpec, hf_config: dict, dtype: str, lora: LoRAConfig | None = None):
-        from rlcore.megatron.lora import ColumnLoRA, add_lora
+        from rlcore.lora.layers import ColumnLoRA, add_lora
         from rlcore.megatron.model import build_gpt
         from rlcore.megatron.names import named_weights
         from rlcore.megatron.reshard import adapted_weights
@@ -86,7 +86,7 @@ class SavedModel:
         return apply_factory_merges(dict_list_map_inplace(lambda sh: sh.data, request), factories)
 
     def peft_factors(self, name: str, loaded: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-        from rlcore.lora_peft import peft_factors
+        from rlcore.lora.peft import peft_factors
 
         (a, _), (b, _) = self.factors(name)
         return peft_factors(self.converter, name, [loaded.pop(a)], [loaded.pop(b)], self.column[name])
@@ -129,7 +129,7 @@ def checkpoint_hf_weights(directory: str, spec: ModelSpec, hf_config: dict, dtyp
         return model.converter.to_hf(name, [loaded.pop(name)])
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        from rlcore.megatron.lora import merge
+        from rlcore.lora.layers import merge
 
         params = dict(model.params)
         for bucket in model.buckets([n for n, _ in model.params], bucket_bytes):
@@ -166,7 +166,7 @@ def checkpoint_peft_adapter(directory: str, spec: ModelSpec, hf_config: dict, dt
                             base_model: str | None) -> tuple[dict[str, torch.Tensor], dict]:
     """The LoRA adapters saved in ``directory`` as PEFT's adapter: the state dict of ``adapter_model.safetensors``
     and ``adapter_config.json`` (``base_model``: its base_model_name_or_path). Adapter-sized."""
-    from rlcore.lora_peft import adapter_config, peft_adapter
+    from rlcore.lora.peft import adapter_config, peft_adapter
 
     model = SavedModel(directory, spec, hf_config, dtype, lora)
     state, modules, parameters = peft_adapter(((name, factors) for name, _, factors in model.peft_adapters()),
@@ -176,10 +176,10 @@ def checkpoint_peft_adapter(directory: str, spec: ModelSpec, hf_config: dict, dt
 
 def write_peft_adapter(out: str, state: dict[str, torch.Tensor], config: dict) -> None:
     """PEFT's adapter directory: ``adapter_model.safetensors`` (``state``) and ``adapter_config.json``
-    (``config``, ``rlcore.lora_peft.adapter_config``)."""
+    (``config``, ``rlcore.lora.peft.adapter_config``)."""
     from safetensors.torch import save_file
 
-    from rlcore.lora_peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+    from rlcore.lora.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
     os.makedirs(out, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(out, ADAPTER_WEIGHTS),
@@ -195,7 +195,7 @@ def export_checkpoint(path: str, out: str, plugin_names: list[str] | None = None
     started from, where the checkpoint's record of it is stale."""
     from rlcore.checkpoint import STATE
     from rlcore.config import config_from_dict
-    from rlcore.config.loader import lora_config
+    from rlcore.lora.config import lora_config
     from rlcore.megatron.model import save_hf
     from rlcore.megatron.parallel import init_parallel
     from rlcore.plugins import load_plugins
@@ -235,7 +235,7 @@ def lora_base(path: str, state: dict, base: str | None) -> BaseWeights:
     """Where the base weights of the LoRA checkpoint ``path`` are: ``base`` (--base) or the directory the run
     started from (rlcore_checkpoint.json model.path), which must still be there and hold the weights the run
     fingerprinted (model.base); None for a checkpoint from before that record, which holds them itself."""
-    from rlcore.checkpoint import base_differences
+    from rlcore.lora.base import base_differences
     from rlcore.megatron.model import starting_weights
 
     where = base or state["model"].get("path")

@@ -15,6 +15,7 @@ from rlcore.checkpoint import Checkpointer, resolve_resume
 from rlcore.config import Config, bind_agent, bind_plugin_section, check_runnable_here, save_config, to_dict
 from rlcore.errors import RlcoreError
 from rlcore.learner import Learner
+from rlcore.lora.base import base_fingerprint
 from rlcore.plugins import LoadedPlugins
 from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
                               check_rollout_backend)
@@ -92,7 +93,7 @@ class Run:
         self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards, check=self._check_model)
         hf_config = read_hf_config(self.model_path)
         # a LoRA checkpoint holds the adapters only; these are the base weights they apply to, checked on resume
-        self.lora_base = checkpoint.base_fingerprint(self.model_path) if cfg.actor.lora.rank else None
+        self.lora_base = base_fingerprint(self.model_path) if cfg.actor.lora.rank else None
         try:
             check_model_config(self.spec, hf_config, cfg.actor.dtype)
         except ValueError as e:        # refused here, before any worker starts

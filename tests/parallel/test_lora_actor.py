@@ -27,11 +27,11 @@ from rlcore.config.schema import ActorConfig, Config, LoRASection, OptimConfig, 
 from rlcore.data import Batch, build_sequences
 from rlcore.megatron.actor import MegatronActor
 from rlcore.megatron.checkpoint import load_model, save_model
-from rlcore.megatron.lora import adapters
+from rlcore.lora.layers import adapters
 from rlcore.megatron.model import transformer_config
 from rlcore.sizing import estimate
 from rlcore.megatron.parallel import shutdown_parallel
-from rlcore.weight_sync.adapters import AdapterSync
+from rlcore.lora.sync import AdapterSync
 from rlcore_model_qwen3.plugin import QWEN3
 from rlcore_plugins.optimizers import SPECS
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on megatron-core's parallel linears (rlcore.megatron.lora), on gloo at TP1, TP2 and TP2 with
+"""LoRA adapters on megatron-core's parallel linears (rlcore.lora.layers), on gloo at TP1, TP2 and TP2 with
 sequence parallelism.
 
 One linear of each kind with random non-zero A and B: its output (gathered) and the gradients of its input, A and B
@@ -26,7 +26,8 @@ LINEAR_JOB = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, layers, mappings
-    from rlcore.megatron.lora import LoRAConfig, adapters_enabled, attach_lora
+    from rlcore.lora.config import LoRAConfig
+    from rlcore.lora.layers import adapters_enabled, attach_lora
     from rlcore.megatron.parallel import init_parallel
 
     sent = []   # what every all-gather sent while recording; the recorder passes every call on unchanged
@@ -180,7 +181,8 @@ GPT_JOB = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-    from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
+    from rlcore.lora.config import LoRAConfig
+    from rlcore.lora.layers import ColumnLoRA, LoRAAdapter, adapters_enabled, add_lora
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel
     from rlcore.sizing import _moe_layers, adapter_params   # what --dry-run counts
@@ -323,7 +325,7 @@ def test_adapted_gpt_equals_merged_weights_and_one_process(runs, model, layout):
                                        "linear_qkv, linear_proj, linear_fc1, linear_fc2, linear_q_proj"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings, message):
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
 
     with pytest.raises(ValueError, match=re.escape(message)):
         LoRAConfig(**settings)

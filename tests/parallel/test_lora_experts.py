@@ -1,4 +1,4 @@
-"""LoRA on MoE experts (rlcore.megatron.lora): a tiny Qwen3-MoE GPTModel with adapters on every target (attention,
+"""LoRA on MoE experts (rlcore.lora.layers): a tiny Qwen3-MoE GPTModel with adapters on every target (attention,
 every routed expert's fc1/fc2), on gloo at EP1, EP2 and TP2 with sequence parallelism (expert TP 1, as rlcore builds
 it); a tiny Qwen2-MoE (a gated shared expert beside the routed ones) at EP1 and EP2.
 
@@ -8,7 +8,7 @@ weights W + B A * scale (the full-matrix LoRA, computed unsharded), so they agre
 the base model exactly; --dry-run's count is the adapters built. One backward pass over a batch split over the
 data-parallel ranks: the adapters' gradients, reduced as Megatron DDP reduces them (the dense ones over data
 parallelism, the experts' over expert data parallelism, the flag each factor carries) and gathered over EP, equal the
-one-process gradients of the whole batch. At TP1 (EP1, EP2) the adapters in PEFT's layout (``rlcore.lora_peft``: the
+one-process gradients of the whole batch. At TP1 (EP1, EP2) the adapters in PEFT's layout (``rlcore.lora.peft``: the
 experts of a layer stacked into PEFT's parameter LoRA on transformers' fused expert tensors) loaded by
 ``PeftModel.from_pretrained`` give the same logits, and PEFT's lora_A / lora_B gradients of the same loss equal ours
 mapped alike. The EP1 run's adapter checkpoint is read at EP2 and at TP2: every factor exactly; ``rlcore export``'s
@@ -31,9 +31,10 @@ SCRIPT = textwrap.dedent("""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-    from rlcore.lora_peft import (expert_target_parameters, peft_expert_factors, peft_expert_state_dict,
+    from rlcore.lora.peft import (expert_target_parameters, peft_expert_factors, peft_expert_state_dict,
                                   peft_factors, peft_state_dict, target_modules)
-    from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter, LoRAConfig, adapters_enabled, add_lora
+    from rlcore.lora.config import LoRAConfig
+    from rlcore.lora.layers import ColumnLoRA, LoRAAdapter, adapters_enabled, add_lora
     from rlcore.megatron.checkpoint import load_weights, save_weights
     from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel
@@ -128,7 +129,7 @@ SCRIPT = textwrap.dedent("""
                 assert entry.key.endswith("mlp.experts.experts." + name.rsplit(".", 1)[1] + ".lora.A"), entry.key
                 assert entry.global_offset[1] == expert, (name, entry.global_offset)
         # at TP1 each factor and its gradient are whole on their rank: gathered, and put into PEFT's layout
-        # (rlcore.lora_peft: per projection, the experts of a layer stacked) for the comparison with transformers + PEFT
+        # (rlcore.lora.peft: per projection, the experts of a layer stacked) for the comparison with transformers + PEFT
         megatron_form = {}
         for name, module in model.named_modules():
             adapter = getattr(module, "lora", None)
@@ -202,7 +203,7 @@ def tiny_moe(directory, family):
 
 
 def transformers_with_peft(checkpoint, got: dict, names_file, directory):
-    """transformers' model of ``checkpoint`` with PEFT's adapter of the layout's adapters (rlcore.lora_peft's
+    """transformers' model of ``checkpoint`` with PEFT's adapter of the layout's adapters (rlcore.lora.peft's
     layout, the experts through PEFT's target_parameters): its logits on the script's batch, and the gradients of
     the script's loss wrt each lora_A / lora_B, keyed as the adapter file keys them."""
     import json
@@ -211,8 +212,8 @@ def transformers_with_peft(checkpoint, got: dict, names_file, directory):
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from rlcore.lora_peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config
+    from rlcore.lora.config import LoRAConfig
 
     names = json.loads(names_file.read_text())
     directory.mkdir()
@@ -235,7 +236,7 @@ def exported_adapter_logits(spec, checkpoint, saved, directory, ids):
     from transformers import AutoModelForCausalLM
 
     from rlcore.export import checkpoint_peft_adapter, write_peft_adapter
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
     from rlcore.megatron.model import read_hf_config
     from rlcore.megatron.parallel import init_parallel
 
@@ -320,7 +321,8 @@ def test_expert_targets_reach_every_expert_and_never_the_router():
     expert), nothing else is trainable, the router never; a linear adapted twice is refused by name."""
     import re
 
-    from rlcore.megatron.lora import LoRAConfig, add_lora
+    from rlcore.lora.config import LoRAConfig
+    from rlcore.lora.layers import add_lora
     from rlcore.megatron.model import build_gpt
     from rlcore.megatron.parallel import init_parallel
     from rlcore_model_qwen3.plugin import QWEN3_MOE

@@ -50,7 +50,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.losses import aggregate
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.checkpoint import save_model
-    from rlcore.megatron.lora import ColumnLoRA
+    from rlcore.lora.layers import ColumnLoRA
     from rlcore.megatron.model import read_hf_config, read_hf_weights
     from rlcore.plugins import load_plugins
     from rlcore.megatron.reshard import adapted_weights
@@ -152,7 +152,7 @@ def peft_side(path: str, adapter_dir: str, batch):
 
 
 def lora_config(family: str):
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
 
     return LoRAConfig(rank=RANK, alpha=ALPHA, target_modules=tuple(FAMILIES[family][1]))
 
@@ -160,7 +160,7 @@ def lora_config(family: str):
 def assert_equivalent(root, out, ours, registry, batch, family: str) -> tuple[float, float]:
     """The checks of the module docstring for one family's run; returns (max logit diff, max gradient diff)."""
     from rlcore.export import SavedModel, checkpoint_hf_weights, checkpoint_peft_adapter, write_peft_adapter
-    from rlcore.lora_peft import peft_adapter, routed_expert
+    from rlcore.lora.peft import peft_adapter, routed_expert
     from rlcore.hf_checkpoint import HFCheckpoint
     from rlcore.megatron.model import read_hf_config
     from rlcore.megatron.parallel import init_parallel

@@ -14,6 +14,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from rlcore.config.schema import Config
 from rlcore.hf_to_megatron import MARKER as CONVERTED
 from rlcore.errors import ConfigError
+from rlcore.lora.config import lora_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DEFAULT_PRESET = "quickstart"
@@ -242,20 +243,6 @@ def check_values(cfg: Config) -> None:
                           f"last step, trainer.steps = {cfg.trainer.steps}: list steps from 1 to {cfg.trainer.steps}")
     if "name" not in cfg.algorithm:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
-
-
-def lora_config(section, seed: int = 0) -> Any:
-    """``actor.lora`` as the adapters' ``LoRAConfig`` (None when rank is 0: off), initialised from ``seed``; a bad
-    value is a ConfigError naming the key."""
-    from rlcore.megatron.lora import LoRAConfig
-
-    if section.rank == 0:
-        return None
-    try:
-        return LoRAConfig(rank=section.rank, alpha=section.alpha, dropout=section.dropout,
-                          target_modules=tuple(section.target_modules), seed=seed)
-    except ValueError as e:   # LoRAConfig's messages start "LoRA <key>"
-        raise ConfigError(str(e).replace("LoRA ", "actor.lora.", 1)) from e
 
 
 def _check_layout(section: str, model, world: int, world_key: str) -> None:

@@ -114,7 +114,7 @@ class TrainedModelConfig:
 
 @dataclass
 class LoRASection:
-    """Low-rank adapters on the actor's linears (``rlcore.megatron.lora``): the base weights frozen, only the
+    """Low-rank adapters on the actor's linears (``rlcore.lora.layers``): the base weights frozen, only the
     adapters trained; the reference policy is the model with its adapters off."""
     rank: int = 0                 # 0 = off (full fine-tuning); e.g. 16
     alpha: float = 32.0           # the adapters' scale is alpha / rank (PEFT's)

@@ -18,8 +18,9 @@ from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
 from rlcore.hf_checkpoint import TensorSpec
 from rlcore.hf_to_megatron import ConvertedWeights
-from rlcore.config.loader import lora_config
-from rlcore.megatron.lora import LoRAConfig, adapters, adapters_enabled
+from rlcore.lora.config import lora_config
+from rlcore.lora.config import LoRAConfig
+from rlcore.lora.layers import adapters, adapters_enabled
 from rlcore.megatron.model import build_gpt, save_hf
 from rlcore.megatron.reshard import Resharder
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host

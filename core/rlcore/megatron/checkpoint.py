@@ -35,7 +35,7 @@ def model_entries(model, metadata: dict) -> dict:
     """The model's checkpoint entries. With LoRA adapters only theirs: the frozen base weights are the HF checkpoint
     the run started from (the controller records which and checks it on resume), so a LoRA checkpoint is
     adapter-sized and a resume reads the base from where the run reads it anyway."""
-    from rlcore.megatron.lora import adapters
+    from rlcore.lora.layers import adapters
     from rlcore.megatron.names import is_adapter_parameter
 
     entries = model.sharded_state_dict(metadata=metadata)

@@ -1,6 +1,6 @@
 """The names a Megatron model's weights go by on one rank, made model-wide, and what kind each weight is (a MoE
 expert's, a LoRA factor): the vocabulary that loading, the resharder, checkpoints and LoRA share. A module of its own
-so that none of them imports another for it (``rlcore.megatron.lora`` names the linears it adapts with it, while
+so that none of them imports another for it (``rlcore.lora.layers`` names the linears it adapts with it, while
 the resharder reads the adapters)."""
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from rlcore.weight_sync.transport import make_exchange
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
-    from rlcore.megatron.lora import LoRAAdapter
+    from rlcore.lora.layers import LoRAAdapter
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,8 @@ def _numel(shape) -> int:
 
 
 def adapted_weights(model: GPTModel) -> dict[str, LoRAAdapter]:
-    """Global name of each weight a LoRA adapter adapts -> its adapter (``rlcore.megatron.lora``)."""
-    from rlcore.megatron.lora import LoRAAdapter
+    """Global name of each weight a LoRA adapter adapts -> its adapter (``rlcore.lora.layers``)."""
+    from rlcore.lora.layers import LoRAAdapter
 
     return {global_name(model, f"{name}.weight"): module.lora for name, module in model.named_modules()
             if isinstance(getattr(module, "lora", None), LoRAAdapter)}

@@ -26,7 +26,7 @@ from rlcore.megatron.parallel import init_parallel
 from rlcore.specs import ModelSpec, OptimizerSpec
 
 if TYPE_CHECKING:
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
 
 # loss_fn(per-token output [b, S] with grad, micro-batch, **extras) -> (scalar loss share of the mini-batch,
 # metrics of this micro-batch); the actor's output is logp (extras: entropy), the critic's the values
@@ -114,7 +114,7 @@ class MegatronTrainable:
         self.model, self.converter = self.build(hf_state)
         lora = self.lora_config(seed)
         if lora is not None:   # before DDP and the optimizer, which then hold buffers and state for adapters only
-            from rlcore.megatron.lora import add_lora
+            from rlcore.lora.layers import add_lora
 
             add_lora(self.model, lora)
         self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
@@ -153,7 +153,7 @@ class MegatronTrainable:
         return model, converter
 
     def lora_config(self, seed: int) -> LoRAConfig | None:
-        """The adapters to train instead of the whole model (``rlcore.megatron.lora``); None: full fine-tuning."""
+        """The adapters to train instead of the whole model (``rlcore.lora.layers``); None: full fine-tuning."""
         return None
 
     def token_outputs(self, output: torch.Tensor, labels: torch.Tensor, extras: bool) -> tuple[torch.Tensor, dict]:

@@ -16,7 +16,7 @@ import torch
 
 from rlcore.megatron.trainable import offloaded_parts
 from rlcore.specs import RolloutBackend
-from rlcore.weight_sync.adapters import AdapterSync
+from rlcore.lora.sync import AdapterSync
 
 
 @dataclass

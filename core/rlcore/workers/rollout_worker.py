@@ -124,7 +124,7 @@ class RolloutWorker:
         try:
             version, stream = self.receiver.receive()
             if self.cfg.rollout.lora == "adapters":
-                from rlcore.weight_sync.adapters import received
+                from rlcore.lora.sync import received
 
                 self.engine.load_adapters(*received(stream), version)
             else:

@@ -13,7 +13,8 @@ import torch
 
 from rlcore.config import Config, bind_plugin_section
 from rlcore.data import Batch
-from rlcore.weight_sync.adapters import AdapterSync, pushed
+from rlcore.lora.config import LoRAConfig, lora_config
+from rlcore.lora.sync import AdapterSync, pushed
 from rlcore.learner.actor_loss import ActorLoss
 from rlcore.lr_schedule import total_updates
 
@@ -196,10 +197,7 @@ class ActorWorker(Worker):
         self.pusher: WeightPushSender | None = None   # async mode, global rank 0: the sending end of the weight push
         self.adapter_sync: AdapterSync | None = None  # rollout.lora=adapters: a sync sends the adapters only
         if cfg.rollout.lora == "adapters":
-            from rlcore.config.loader import lora_config
-
-            self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, lora_config(cfg.actor.lora),
-                                            model_path)
+            self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, self._lora(), model_path)
 
     def train_mode(self) -> None:
         """Always in train mode: no engine shares this process (``rlcore.workers.colocated`` has one)."""
@@ -261,14 +259,19 @@ class ActorWorker(Worker):
         writes PEFT's adapter directory (for ``base_path``'s model)."""
         import torch.distributed as dist
 
-        from rlcore.config.loader import lora_config
         from rlcore.export import write_peft_adapter
 
-        sync = self.adapter_sync or AdapterSync(self.actor.model, self.actor.converter,
-                                                lora_config(self.cfg.actor.lora), base_path, engine=False)
+        sync = self.adapter_sync or AdapterSync(self.actor.model, self.actor.converter, self._lora(), base_path,
+                                                engine=False)
         tensors = sync.tensors()
         if dist.get_rank() == 0:
             write_peft_adapter(directory, tensors, sync.config)
+
+    def _lora(self) -> LoRAConfig:
+        """``actor.lora`` of a LoRA run (the config check refuses rollout.lora=adapters without it)."""
+        lora = lora_config(self.cfg.actor.lora)
+        assert lora is not None, "actor.lora.rank is 0: not a LoRA run"
+        return lora
 
     def num_parameters(self) -> int:
         return self.actor.num_parameters()

@@ -170,7 +170,7 @@ class ServedAdapter:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        from rlcore.lora_peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+        from rlcore.lora.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
         path = os.path.join(self.root, f"v{version}")
         shutil.rmtree(path, ignore_errors=True)

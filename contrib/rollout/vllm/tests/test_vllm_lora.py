@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlcore.config.schema import RolloutConfig
-from rlcore.lora_peft import ADAPTER_WEIGHTS
+from rlcore.lora.peft import ADAPTER_WEIGHTS
 from rlcore.plugins import load_plugins
 from rlcore_testing.models import write_checkpoint
 from rlcore_testing.rollout import contract_hf_config, reference_logprobs, write_word_tokenizer

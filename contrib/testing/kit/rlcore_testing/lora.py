@@ -14,7 +14,7 @@ def set_random_adapters(model, converter, hf: dict[str, torch.Tensor], cfg, std:
     """Fill every adapter of ``model`` (this rank's part; ``converter`` its weight rules, ``hf`` the whole HF
     checkpoint it was built from, ``cfg`` its LoRAConfig) with random A and B of standard deviation ``std``; returns
     ``hf`` with each adapted projection merged."""
-    from rlcore.megatron.lora import ColumnLoRA, LoRAAdapter
+    from rlcore.lora.layers import ColumnLoRA, LoRAAdapter
     from rlcore.megatron.names import global_name
 
     merged = dict(hf)

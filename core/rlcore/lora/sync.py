@@ -1,5 +1,5 @@
 """Adapters-only weight sync (``rollout.lora=adapters``): the engine keeps the base weights it started from and gets
-only the LoRA adapters' factors after each update, in PEFT's names and layout (``rlcore.lora_peft``).
+only the LoRA adapters' factors after each update, in PEFT's names and layout (``rlcore.lora.peft``).
 
 The factors are r wide, so they are gathered whole on every rank, not bucketed through the resharder: each TP shard
 of each adapter (column-parallel: B split by W's rows; row-parallel: A split by W's columns; the other factor
@@ -18,13 +18,14 @@ import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
-from rlcore.lora_peft import adapter_config, peft_adapter, peft_factors
+from rlcore.lora.peft import adapter_config, peft_adapter, peft_factors
 from rlcore.megatron.reshard import adapted_weights
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
 
-    from rlcore.megatron.lora import LoRAAdapter, LoRAConfig
+    from rlcore.lora.config import LoRAConfig
+    from rlcore.lora.layers import LoRAAdapter
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class AdapterSync:
 
     def __init__(self, model: GPTModel, converter: WeightConverter, lora: LoRAConfig, base_path: str | None,
                  engine: bool = True):
-        from rlcore.megatron.lora import ColumnLoRA
+        from rlcore.lora.layers import ColumnLoRA
 
         self.converter = converter
         self.adapters: dict[str, LoRAAdapter] = adapted_weights(model)

@@ -3,7 +3,7 @@
 One rlcore adapter sits on one Megatron linear, which may be several HF projections fused (q/k/v in linear_qkv,
 gate/up in a gated linear_fc1). The model plugin's weight rule that turns W into HF tensors turns the adapter's
 factors into PEFT's per-projection ones too, because each factor's TP-split dimension follows W's
-(``rlcore.megatron.lora``):
+(``rlcore.lora.layers``):
 
 - column-parallel (W [out, in] split by rows): B [out, r]'s rows follow W's, so the rule splits and names B as it does
   W (q/k/v_proj, gate/up_proj each get their rows of B as ``lora_B``); A [r, in] is every projection's ``lora_A``.
@@ -26,7 +26,7 @@ import torch
 from rlcore.convert import WeightConverter
 
 if TYPE_CHECKING:
-    from rlcore.megatron.lora import LoRAConfig
+    from rlcore.lora.config import LoRAConfig
 
 # PeftModel wraps the HF model twice (PeftModelForCausalLM.base_model = LoraModel, whose .model is the HF model);
 # save_pretrained writes the keys under that prefix with the adapter's name left out
