@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from rlcore.config import Config
-from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree
+from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree, worst
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import ColocatedWorkers
@@ -38,9 +38,9 @@ class ColocatedSource(Source):
         self.workers.rollout_mode()
         probe = fixed_probe(len(self.tokenizer), seed=seed)
         results = self.workers.compare_logprobs(*probe, self.tokenizer.eos_token_id)
-        worst = max(results, key=lambda r: r.max_abs_diff)
-        raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
-        return worst.max_abs_diff
+        result = worst(results)
+        raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
+        return result.max_abs_diff
 
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int]) -> list[list[Trajectory]]:

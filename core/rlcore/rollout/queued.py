@@ -25,7 +25,7 @@ from rlcore.rollout.producer import Produced, Producer
 from rlcore.rollout.source import Source
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
-from rlcore.weight_sync.logprob_check import fixed_probe
+from rlcore.weight_sync.logprob_check import compared, fixed_probe, raise_if_disagree, worst
 
 
 def _untimed(phase: str) -> contextlib.AbstractContextManager:
@@ -194,21 +194,13 @@ class QueuedSource(Source):
     def _check(self, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
         """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
         past trainer.logprob_tolerance."""
-        from rlcore.weight_sync.logprob_check import LogprobComparison, raise_if_disagree
-
         prompts, responses = probe
-        batch = Batch(build_sequences(prompts, responses, self.tokenizer.eos_token_id))
-        actor = self.trainer.logprobs(batch)
-        mask = batch["response_mask"].bool()
-        worst = LogprobComparison(0.0, 0.0, int(mask.sum()))
-        for scores in engines:
-            engine = Batch(build_sequences(prompts, responses, self.tokenizer.eos_token_id,
-                                           response_logprobs=scores))["rollout_logprobs"]
-            diff = (actor[mask] - engine[mask]).abs()
-            if float(diff.max()) >= worst.max_abs_diff:
-                worst = LogprobComparison(float(diff.max()), float(diff.mean()), int(mask.sum()))
-        raise_if_disagree(worst, self.cfg.trainer.logprob_tolerance)
-        return worst.max_abs_diff
+        pad = self.tokenizer.eos_token_id
+        actor = self.trainer.logprobs(Batch(build_sequences(prompts, responses, pad)))
+        result = worst(compared(actor, Batch(build_sequences(prompts, responses, pad, response_logprobs=scores)))
+                       for scores in engines)
+        raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
+        return result.max_abs_diff
 
     def state_dict(self) -> dict:
         """The task's state before the first draw not wholly taken, and which groups of later draws were."""

@@ -2,8 +2,9 @@
 tokens. Teacher-forced on fixed sequences, so it tests weights and numerics, not sampling."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -24,10 +25,20 @@ def compare_logprobs(actor, rollout, prompts: Sequence[list[int]], responses: Se
     sequences = [list(p) + list(r) for p, r in zip(prompts, responses)]
     engine = rollout.score(sequences, [len(p) for p in prompts])
     batch = Batch(build_sequences(prompts, responses, pad_id, response_logprobs=engine))
-    actor_lp = actor.logprobs(batch)
-    mask = batch["response_mask"].bool()
-    diff = (actor_lp[mask] - batch["rollout_logprobs"][mask]).abs()
+    return compared(actor.logprobs(batch), batch)
+
+
+def compared(actor_logprobs: torch.Tensor, scored: Batch) -> LogprobComparison:
+    """The actor's logprobs [N, S] against an engine's, ``scored``'s ``rollout_logprobs`` (``build_sequences`` of the
+    same sequences with ``response_logprobs``), over the response tokens."""
+    mask = scored["response_mask"].bool()
+    diff = (actor_logprobs[mask] - scored["rollout_logprobs"][mask]).abs()
     return LogprobComparison(float(diff.max()), float(diff.mean()), int(mask.sum()))
+
+
+def worst(results: Iterable[LogprobComparison]) -> LogprobComparison:
+    """The comparison with the largest difference (a NaN counts as the largest: it must fail the check)."""
+    return max(results, key=lambda r: (math.isnan(r.max_abs_diff), r.max_abs_diff))
 
 
 def check_logprobs(actor, rollout, prompts, responses, pad_id: int, tolerance: float) -> LogprobComparison:
