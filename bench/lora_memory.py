@@ -133,7 +133,6 @@ def engine_syncs(actor, registry, cfg, base: str, repeats: int) -> dict[str, dic
         hybrid = HybridEngine(actor, engine, adapters=adapters)
         stats = []
         for _ in range(repeats + 1):
-            hybrid.mark_updated()
             stats.append(hybrid.sync_weights())
         engine.stop()
         results[what] = dict(seconds=statistics.median(s.seconds for s in stats[1:]), bytes=stats[-1].bytes,

@@ -26,6 +26,7 @@ class RecordingBackend(RolloutBackend):
 class TinyActor:
     def __init__(self, calls=None):
         self.calls = calls if calls is not None else []
+        self.updates = 0          # optimizer updates: the weights' version
 
     def offload(self, what): self.calls.append(f"offload_{what}")
     def onload(self, what): self.calls.append(f"onload_{what}")
@@ -47,15 +48,15 @@ def test_order_with_a_backend_that_can_release_memory():
 
 
 def test_weights_are_pushed_only_when_stale():
-    backend = RecordingBackend(can_release=False)
-    engine = HybridEngine(TinyActor(), backend)
+    backend, actor = RecordingBackend(can_release=False), TinyActor()
+    engine = HybridEngine(actor, backend)
     engine.rollout_mode()
     engine.train_mode()
     assert engine.rollout_mode() is None and backend.calls == ["update_weights"]
     engine.train_mode()
-    engine.mark_updated()
+    actor.updates += 1        # an optimizer step
     assert engine.rollout_mode() is not None and backend.calls == ["update_weights", "update_weights"]
-    assert backend.version == engine.weights_version == 1, "the engine holds the actor's version after a push"
+    assert backend.version == engine.version == 1, "the engine holds the actor's version after a push"
     assert "release_memory" not in backend.calls, "a backend that cannot release memory is never asked to"
 
 

@@ -134,18 +134,18 @@ class RecordingActor:
 
 
 def actor_train_step(old_logprobs="actor", ref_logprobs=None, **options):
-    """ActorRolloutWorker.train_step's loss on one micro-batch (no Megatron): the GRPO loss with ``options``, the
+    """ActorWorker.train_step's loss on one micro-batch (no Megatron): the GRPO loss with ``options``, the
     old policy's logprobs from ``old_logprobs`` (actor.old_logprobs)."""
     from types import SimpleNamespace
 
-    from rlcore.workers.colocated import ActorRolloutWorker
+    from rlcore.workers.worker import ActorWorker
     grpo = pytest.importorskip("rlcore_algo_grpo.plugin")
-    worker = object.__new__(ActorRolloutWorker)
+    worker = object.__new__(ActorWorker)
     worker.algorithm = grpo.GRPO
     worker.algo_cfg = grpo.GRPOConfig(**options)
     worker.cfg = SimpleNamespace(actor=SimpleNamespace(entropy_coef=0.0, old_logprobs=old_logprobs),
                                  rollout=SimpleNamespace(temperature=1.0, max_response_len=3))
-    worker.actor, worker.engine = RecordingActor(), SimpleNamespace(mark_updated=lambda: None)
+    worker.actor = RecordingActor()
     share = dict(logp=OLD + 0.1, old_logprobs=OLD, rollout_logprobs=ROLLOUT, response_mask=MASK,
                  advantages=torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]]))
     if ref_logprobs is not None:

@@ -37,15 +37,15 @@ class HybridEngine:
         self.actor, self.rollout, self.adapters = actor, rollout, adapters
         self.offloaded = offloaded_parts(offload)
         self.mode = self.TRAIN
-        # Weight versions count the actor's optimizer updates. The driver's Learner.version is the truth; this is
-        # the worker's copy of it (one mark_updated per update, the count restored with a checkpoint), pushed with
-        # the weights: the engine holds it as RolloutBackend.version and reports it with each completion.
-        self.weights_version = 0
         self.synced_version = 0 if in_sync else -1    # the version the rollout engine holds (-1: none loaded yet)
         self.history: list[str] = []      # transitions, for tests of the order
 
-    def mark_updated(self) -> None:
-        self.weights_version += 1
+    @property
+    def version(self) -> int:
+        """The actor's weights version: its optimizer updates (``MegatronTrainable.updates``, restored with a
+        checkpoint), as the driver's Learner.version counts them; pushed with the weights, the engine holds it as
+        RolloutBackend.version and reports it with each completion."""
+        return self.actor.updates
 
     def rollout_mode(self) -> SyncStats | None:
         """Enter rollout mode; push weights if the engine's copy is stale. Returns the sync's cost, if any."""
@@ -57,7 +57,7 @@ class HybridEngine:
         if self.rollout.can_release_memory:
             self._do("resume_rollout_weights", self.rollout.resume_memory, "weights")
         stats = None
-        if self.synced_version != self.weights_version:
+        if self.synced_version != self.version:
             stats = self.sync_weights()
         if "params" in self.offloaded:
             self._do("offload_params", self.actor.offload, "params")
@@ -104,16 +104,16 @@ class HybridEngine:
                 yield name, tensor
 
         start = time.perf_counter()
-        self.rollout.update_weights(stream(), self.weights_version)
-        self.synced_version = self.weights_version
+        self.rollout.update_weights(stream(), self.version)
+        self.synced_version = self.version
         self.history.append("sync_weights")
         return SyncStats(time.perf_counter() - start, counted["bytes"], counted["tensors"])
 
     def _sync_adapters(self, adapters: AdapterSync) -> SyncStats:
         start = time.perf_counter()
         tensors = adapters.tensors()
-        self.rollout.load_adapters(tensors, adapters.config, self.weights_version)
-        self.synced_version = self.weights_version
+        self.rollout.load_adapters(tensors, adapters.config, self.version)
+        self.synced_version = self.version
         self.history.append("sync_adapters")
         return SyncStats(time.perf_counter() - start, sum(t.numel() * t.element_size() for t in tensors.values()),
                          len(tensors))

@@ -3,7 +3,6 @@ in turn (``HybridEngine``)."""
 from __future__ import annotations
 
 from rlcore.config import Config
-from rlcore.data import Batch
 from rlcore.rollout.requests import episodes
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
@@ -38,18 +37,12 @@ class ActorRolloutWorker(ActorWorker):
         with self.engine.actor_params_on_device():
             return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
 
-    # --- what the engine hears of the actor -------------------------------------------------------------------------
-    def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
-        metrics = super().train_step(share, total_tokens, total_sequences, single_update)
-        self.engine.mark_updated()
-        return metrics
-
+    # --- checkpoints -------------------------------------------------------------------------------------------------
     def checkpoint_extras(self) -> dict:
-        return {"engine_in_sync": self.engine.synced_version == self.engine.weights_version}
+        return {"engine_in_sync": self.engine.synced_version == self.engine.version}
 
     def load_checkpoint(self, directory: str) -> dict:
-        state = super().load_checkpoint(directory)
-        self.engine.weights_version = state["updates"]     # the learner's version, as the engine reports it
+        state = super().load_checkpoint(directory)       # the actor's update count (the engine's version) with it
         self.engine.synced_version = -1     # the engine still holds the starting weights: push them
         if state.get("engine_in_sync"):     # now, where the saved run had pushed them already (an evaluation
             self.engine.rollout_mode()      # after the update), so that the next step's sync is the same
