@@ -11,9 +11,9 @@ from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.hybrid import SyncStats
 from rlcore.weight_sync.logprob_check import LogprobComparison
+from rlcore.workers.colocated import ActorRolloutWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.group import WorkerGroup, shares
-from rlcore.workers.colocated import ActorRolloutWorker
 from rlcore.workers.worker import ActorWorker, Worker
 
 
