@@ -58,11 +58,12 @@ def measure(backend: str, args) -> dict:
         run = Run(cfg, load_plugins(["qwen3", "grpo", backend]))
         try:
             run.setup()
+            run.source.push_weights(run.learner.weights(), run.learner.version, 0)
             evaluate(run.source, run.task, cfg, 0)  # the engine's first generate pays one-off warm-up costs
             rows = []
             for step in range(1, args.steps + args.warmup + 1):
                 start = time.perf_counter()
-                m = rl_step(run, step)
+                m = rl_step(run.source, run.learner, run.cadence, step)
                 m["time/step"] = time.perf_counter() - start
                 if step > args.warmup:
                     rows.append(m)

@@ -40,8 +40,8 @@ def test_dynamic_sampling_keeps_only_groups_with_a_signal(quickstart):
     n = cfg.rollout.n
     cfg.rollout.n = 2          # pairs: often both right or both wrong, so some groups are dropped
     try:
-        metrics = {}
-        kept, sampled = quickstart.source.next_groups(1, quickstart.learner.version, Timer(), metrics)
+        rollout = quickstart.source.next_groups(1, quickstart.learner.version, Timer())
+        kept, sampled, metrics = rollout.trajectories, rollout.scores, rollout.metrics
     finally:
         quickstart.algo_cfg.dynamic_sampling = False
         cfg.rollout.n = n

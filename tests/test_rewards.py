@@ -82,7 +82,7 @@ def test_a_training_step_survives_a_raising_reward(quickstart, caplog):
     quickstart.source.rewards = RewardComposer([(RewardSpec("flaky", flaky), 1.0)])
     try:
         with caplog.at_level("WARNING"):
-            metrics = step(quickstart, quickstart.cfg.trainer.steps)
+            metrics = step(quickstart.source, quickstart.learner, quickstart.cadence, quickstart.cfg.trainer.steps)
     finally:
         quickstart.source.rewards = original
     n = quickstart.cfg.trainer.prompts_per_step * quickstart.cfg.rollout.n

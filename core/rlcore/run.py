@@ -1,6 +1,6 @@
 """A run's parts and its bookkeeping: the parts built from the registry (checked before any process starts), the run
 directory, the starting model, the workers, the rollout source, the learner and the loggers; checkpoints, resume,
-the HF export and the summary. The loop itself is ``rlcore.loop``."""
+the HF export and the summary. The loop itself is ``rlcore.loop``, what runs around its steps ``rlcore.cadence``."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +8,14 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlcore import checkpoint
+from rlcore.cadence import Cadence
 from rlcore.checkpoint import Checkpointer, resolve_resume
 from rlcore.config import Config, bind_agent, bind_plugin_section, check_runnable_here, save_config, to_dict
 from rlcore.errors import RlcoreError
+from rlcore.evaluation import evaluate
 from rlcore.learner import Learner
 from rlcore.lora.base import base_fingerprint
 from rlcore.plugins import LoadedPlugins
@@ -61,14 +63,46 @@ class Run:
         self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
         self.critic: CriticGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
-        self.loggers: list = []
+        self.eval_before: dict[str, float] = {}     # the held-out metrics before step 1, which checkpoints keep
         plugins.hook.rlcore_configure(config=cfg)
 
     def train(self) -> dict:
-        """Set up, run ``trainer.steps`` steps (``rlcore.loop``), finish; returns the summary."""
-        from rlcore.loop import train
+        """Set up; evaluate (or resume); ``trainer.steps`` steps with their cadence (``rlcore.loop``); export;
+        returns the summary."""
+        from rlcore import loop
+        from rlcore.report import plot_rewards
 
-        return train(self)
+        cfg = self.cfg
+        self.setup()
+        summary: dict[str, Any] = {"run_dir": self.run_dir, "model_path": self.model_path,
+                                   "parameters": self.workers.num_parameters(),
+                                   "worker_nodes": [c.node for c in self.workers.coords],
+                                   **({"rollout_workers": self.rollout.where} if self.rollout else {})}
+        done, eval_before = self.restore(self.resume_from) if self.resume_from else (0, {})
+        self.source.push_weights(self.learner.weights(), self.learner.version, done)   # the engines start with them
+        if not self.resume_from:
+            eval_before = evaluate(self.source, self.task, cfg, 0)
+        summary["eval_accuracy_before"] = eval_before.get("eval/accuracy", float("nan"))
+        self.eval_before = eval_before
+        history = checkpoint.logged_history(self.run_dir, done) if self.resume_from else []
+        self.cadence.start(done, summary["eval_accuracy_before"], history)
+        try:
+            loop.train(self.source, self.learner, self.cadence, done, cfg.trainer.steps)
+            self.cadence.finish()
+        finally:
+            self.cadence.close()
+        summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
+            else summary["eval_accuracy_before"]
+        if self.cadence.saved_in is not None:  # the checkpoint after the last step: no next step's metrics to carry it
+            summary["last_save_seconds"] = self.cadence.saved_in
+        if cfg.trainer.export_hf:
+            summary["export"] = self.export_hf(os.path.join(self.run_dir, "hf"))
+            if cfg.actor.lora.rank:     # the adapters too, in PEFT's format, beside the merged model
+                summary["adapter"] = self.export_adapter(os.path.join(self.run_dir, "adapter"))
+        summary["plot"] = plot_rewards(history, eval_before, self.run_dir)
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        return summary
 
     # --- setup ---------------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -119,22 +153,19 @@ class Run:
                                       world=cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.sleep()
         keep_group = lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg)  # noqa: E731
+        shared = (self.task, self.tokenizer, hf_config["max_position_embeddings"], self.rewards, keep_group,
+                  self.agent.metrics)
         if colocated is None:
             self.rollout = RolloutWorkers(cfg, self.plugins.selection, self.model_path)
-            self.source: Source = QueuedSource(cfg, self.workers, self.rollout, self.task, self.tokenizer,
-                                               hf_config["max_position_embeddings"], self.rewards, keep_group)
+            self.source: Source = QueuedSource(cfg, self.rollout, *shared)
         else:
-            self.source = ColocatedSource(cfg, colocated, self.task, self.tokenizer,
-                                          hf_config["max_position_embeddings"], self.rewards, keep_group)
+            self.source = ColocatedSource(cfg, colocated, *shared)
         self.learner = Learner(cfg, self.workers, self.critic, self.algorithm, self.algo_cfg)
-        for logger_class in self.logger_classes:
-            logger = logger_class()
-            try:
-                logger.open(self.run_dir, cfg)
-            except BaseException:           # the ones already open are closed (a tracker run left open hangs)
-                self.close_loggers()
-                raise
-            self.loggers.append(logger)
+        self.cadence = Cadence(cfg, self.plugins.hook, self.run_dir, self.checkpointer,
+                               evaluate=lambda step: evaluate(self.source, self.task, cfg, step),
+                               save=lambda step: self.save_checkpoint(step, self.eval_before),
+                               profiled=(self.workers, self.critic))
+        self.cadence.open_loggers(self.logger_classes)
 
     def _check_model(self, hf_config: dict) -> None:
         """What the model must allow before anything slow starts: the layout (the dry run's check), and room for a
@@ -190,10 +221,6 @@ class Run:
         self.workers.export_adapter(directory, self.model_path)
         self.tokenizer.save_pretrained(directory)
         return directory
-
-    def close_loggers(self) -> None:
-        while self.loggers:
-            self.loggers.pop().close()
 
     def close(self) -> None:
         source = vars(self).get("source")

@@ -15,6 +15,7 @@ from rlcore.errors import RlcoreError
 from rlcore.specs import Algorithm
 from rlcore.timing import Timer
 
+
 class ActorWorkers(Protocol):
     """The actor's workers as the learner calls them (``rlcore.workers.proxies.ActorGroup``)."""
 
@@ -23,6 +24,10 @@ class ActorWorkers(Protocol):
     def train_step(self, mini: Batch, single_update: bool) -> dict[str, float]: ...
 
     def train_mode(self) -> None: ...
+
+    def open_push(self, address: str, receivers: int) -> None: ...
+
+    def push_weights(self, version: int) -> dict[str, float]: ...
 
 
 class CriticWorkers(Protocol):
@@ -42,6 +47,11 @@ class Learner:
                  algo_cfg: Any):
         self.cfg, self.actor, self.critic, self.algorithm, self.algo_cfg = cfg, actor, critic, algorithm, algo_cfg
         self.version = 0
+
+    def weights(self) -> ActorWorkers:
+        """The actor's weights, as a handle: its workers, which push them to a source's engines themselves (the
+        driver never holds them) and score with them for the engine check (``rlcore.rollout.handles.Weights``)."""
+        return self.actor
 
     def single_update(self) -> bool:
         """The batch gets one optimizer update: the old (proximal) policy, the weights before the update, is then

@@ -12,9 +12,10 @@ from rlcore.config import Config
 from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree, worst
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
-from rlcore.rollout.handles import ColocatedWorkers
-from rlcore.rollout.source import Source, prompt_seeds
+from rlcore.rollout.handles import ColocatedWorkers, Weights
+from rlcore.rollout.source import Source, StepRollout, prompt_seeds
 from rlcore.specs import Sampling, Task
+from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory
 
 
@@ -23,8 +24,9 @@ class ColocatedSource(Source):
     ``trainer.prompts_per_step`` kept groups a step."""
 
     def __init__(self, cfg: Config, workers: ColocatedWorkers, task: Task, tokenizer, max_len: int,
-                 rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
-        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
+                 rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool],
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics)
         self.workers = workers
 
     # --- the engine ----------------------------------------------------------------------------------------------
@@ -37,7 +39,7 @@ class ColocatedSource(Source):
         """The engine-vs-actor check on a fixed batch, on every rank; raises past trainer.logprob_tolerance."""
         self.workers.rollout_mode()
         probe = fixed_probe(len(self.tokenizer), seed=seed)
-        results = self.workers.compare_logprobs(*probe, self.tokenizer.eos_token_id)
+        results = self.workers.compare_logprobs(*probe, self.pad_id)
         result = worst(results)
         raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
         return result.max_abs_diff
@@ -47,11 +49,17 @@ class ColocatedSource(Source):
         return self.workers.episodes(prompts, metadata, n, sampling, seeds)
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
-    def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
+    def push_weights(self, weights: Weights, version: int, step: int, timer: Timer | None = None) -> dict[str, float]:
+        """Nothing moves here: the workers' hybrid engine takes the actor's weights, in the workers, when it next
+        enters rollout mode (``sync``)."""
+        return {}
+
+    def next_groups(self, step: int, version: int, timer: Timer) -> StepRollout:
         """The step's trajectories: ``trainer.prompts_per_step`` groups the filter keeps, sampled in rounds of that
         many prompts (at most ``rollout.max_sampling_rounds``); and the scores of everything sampled, kept or not
         (the reward metrics). The engine is brought up to date first and checked on its cadence."""
         cfg = self.cfg
+        metrics: dict[str, float] = {}
         with timer("sync"):
             metrics.update(self.sync())
         if cfg.trainer.check_logprobs_every and step % cfg.trainer.check_logprobs_every == 0:
@@ -71,5 +79,5 @@ class ColocatedSource(Source):
             scored.append(scores)
         metrics.update({"sampling/groups_dropped": float(kept.dropped), "sampling/rounds": float(rounds),
                         "sampling/groups_kept": float(len(kept.kept))})
-        return kept.trajectories(), Scores.cat(scored)
+        return StepRollout(kept.trajectories(), Scores.cat(scored), metrics)
 

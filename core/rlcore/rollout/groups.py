@@ -22,11 +22,17 @@ class GroupFilter:
     def full(self) -> bool:
         return len(self.kept) >= self.wanted
 
+    def accepts(self, group: list[Trajectory]) -> bool:
+        """Whether ``keep`` accepts the group's rewards; one it refuses is counted in ``dropped``."""
+        if self.keep(torch.tensor([t.reward for t in group], dtype=torch.float32)):
+            return True
+        self.dropped += 1
+        return False
+
     def offer(self, groups: list[list[Trajectory]]) -> None:
+        """Keep the accepted groups while there is room."""
         for group in groups:
-            if not self.keep(torch.tensor([t.reward for t in group], dtype=torch.float32)):
-                self.dropped += 1
-            elif not self.full:       # a group with a signal beyond the batch: sampled, neither kept nor dropped
+            if self.accepts(group) and not self.full:   # one with a signal beyond the batch: neither kept nor dropped
                 for t in group:
                     t.group = len(self.kept)
                 self.kept.append(group)

@@ -26,8 +26,10 @@ class ColocatedWorkers(Protocol):
                          pad_id: int) -> list[LogprobComparison]: ...
 
 
-class Trainer(Protocol):
-    """Async mode's actor workers, as the queued source pushes their weights and checks them (``ActorGroup``)."""
+class Weights(Protocol):
+    """The learner's weights as a source moves them (``Learner.weights()``: the actor's workers, ``ActorGroup``):
+    pushed by the workers to the engines over a channel of their own, never through the driver; and scored, for the
+    engine check after a push."""
 
     def open_push(self, address: str, receivers: int) -> None: ...
 

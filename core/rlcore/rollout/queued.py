@@ -3,14 +3,13 @@ trains. A producer (``rlcore.rollout.producer``: an asyncio loop on a thread of 
 on the rollout workers as far as admission allows (``rlcore.rollout.staleness``) and puts each finished group into
 a buffer; the loop's ``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the
 colocated source does) and drops those the filter refuses, which gives their places back to the producer. After each
-update the trainer's weights are pushed to every rollout worker (``weights_updated``).
+update the learner's weights are pushed to every rollout worker (``push_weights``).
 
 Prompts are drawn as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
 seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw order, so that with
 ``rollout.max_staleness=0`` a run samples and trains exactly what the colocated run does."""
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable, NoReturn
 
@@ -20,52 +19,44 @@ from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
-from rlcore.rollout.handles import EngineWorkers, Trainer
+from rlcore.rollout.groups import GroupFilter
+from rlcore.rollout.handles import EngineWorkers, Weights
 from rlcore.rollout.producer import Produced, Producer
-from rlcore.rollout.source import Source
+from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
+from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.logprob_check import compared, fixed_probe, raise_if_disagree, worst
 
 
-def _untimed(phase: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
-
-
 class QueuedSource(Source):
-    def __init__(self, cfg: Config, trainer: Trainer, rollout: EngineWorkers, task: Task, tokenizer,
-                 max_len: int, rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool]):
-        import ray
-
-        from rlcore.launch import free_port
-
-        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group)
-        self.trainer, self.rollout = trainer, rollout
+    def __init__(self, cfg: Config, rollout: EngineWorkers, task: Task, tokenizer, max_len: int,
+                 rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool],
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics)
+        self.rollout = rollout
         self.batch = cfg.trainer.prompts_per_step
         self.producer = Producer(cfg, rollout, task, self.encode)
-        self.pushed = 0                           # the weight version the engines hold (Learner.version, pushed)
+        self.weights: Weights | None = None       # the learner's (its first push_weights opens the channel)
+        # the weight version the engines hold (Learner.version, pushed): the model's own, or none
+        self.pushed = -1 if any(w["weightless"] for w in rollout.where) else 0
         self.learner = (0, 0)                     # the learner's version, after this step
         self.trained_tokens = 0                   # response tokens of the batch the trainer took last
         self.last_take: float | None = None
         self.stats_asked: list = []               # the rollout workers' counters, asked for at the last take
-        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        receivers = rollout.open_push(address)
-        trainer.open_push(address, rollout.world)
-        self._gather(receivers)
-        if any(w["weightless"] for w in rollout.where):     # engines started without weights get the actor's now
-            self.pushed = -1
-            self._push(_untimed, {})
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
-    def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
+    def next_groups(self, step: int, version: int, timer: Timer) -> StepRollout:
         """``trainer.prompts_per_step`` groups the filter keeps, in draw order, taken as they come (at most
         ``rollout.max_sampling_rounds`` times that many looked at); every group sampled for the step is scored."""
         cfg = self.cfg
         self.producer.advance(step, version, self.pushed)     # the weights pushed so far are on the engines
+        metrics: dict[str, float] = {}
         kept: list[Produced] = []
         sampled: list[tuple[tuple[int, int], Scores]] = []
         behind: list[int] = []
-        looked = dropped = stale = depth = 0
+        wanted = GroupFilter(self.keep_group, self.batch)
+        looked = stale = depth = 0
         waited_before = timer.seconds.get("wait", 0.0)
         while len(kept) < self.batch and looked < cfg.rollout.max_sampling_rounds * self.batch:
             with timer("wait"):
@@ -78,11 +69,10 @@ class QueuedSource(Source):
                 continue
             scores = self.scored([produced.group], timer)
             sampled.append(((produced.draw, produced.index), scores))
-            if self.keep_group(torch.tensor([t.reward for t in produced.group], dtype=torch.float32)):
+            if wanted.accepts(produced.group):
                 kept.append(produced)
                 behind.append(lag)
             else:
-                dropped += 1
                 self.producer.give_back()
         metrics.update(self._rates(timer.seconds["wait"] - waited_before))
         kept.sort(key=lambda p: (p.draw, p.index))
@@ -92,7 +82,7 @@ class QueuedSource(Source):
         trajectories = [t for p in kept for t in p.group]
         self.trained_tokens = sum(sum(t.loss_mask) for t in trajectories)
         spans = [t.version[1] - t.version[0] for t in trajectories]
-        metrics.update({"sampling/groups_dropped": float(dropped), "sampling/groups_kept": float(len(kept)),
+        metrics.update({"sampling/groups_dropped": float(wanted.dropped), "sampling/groups_kept": float(len(kept)),
                         "sampling/rounds": float(-(-looked // self.batch)),
                         "async/staleness_mean": sum(behind) / len(behind) if behind else 0.0,
                         "async/staleness_max": float(max(behind, default=0)), "async/stale_dropped": float(stale),
@@ -100,7 +90,8 @@ class QueuedSource(Source):
                         "async/partial_frac": sum(s > 0 for s in spans) / len(spans) if spans else 0.0,
                         "async/partial_span_max": float(max(spans, default=0))})
         sampled.sort(key=lambda item: item[0])
-        return trajectories, Scores.cat([s for _, s in sampled]) if sampled else Scores(torch.zeros(0))
+        return StepRollout(trajectories, Scores.cat([s for _, s in sampled]) if sampled else Scores(torch.zeros(0)),
+                           metrics)
 
     def _rates(self, waited: float) -> dict[str, float]:
         """Since the previous step's take: the share of the trainer's time spent waiting for groups; tokens/s on each
@@ -161,42 +152,64 @@ class QueuedSource(Source):
                     self._worker_failed(index, e)
 
     # --- weights -------------------------------------------------------------------------------------------------
-    def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
-        """After ``step`` (or a resume from it): the learner is at ``version``; its weights go to the rollout
-        workers every ``rollout.sync_every`` steps."""
-        self.learner = (version, step)
-        if step % self.cfg.rollout.sync_every == 0:
-            self._push(timer, metrics)
+    def push_weights(self, weights: Weights, version: int, step: int, timer: Timer | None = None) -> dict[str, float]:
+        """After ``step`` the learner is at ``version``: its weights go to the rollout workers every
+        ``rollout.sync_every`` steps, and at the first call (which opens the channel) if the engines hold others
+        (started without weights; a resumed run's)."""
+        metrics: dict[str, float] = {}
+        first = self.weights is None
+        if first:
+            self._open_push(weights)
+        self.weights, self.learner = weights, (version, step)
+        if first or step % self.cfg.rollout.sync_every == 0:
+            self._push(timer or Timer(), metrics)
+        return metrics
 
-    def _push(self, timer, metrics: dict) -> None:
+    def _open_push(self, weights: Weights) -> None:
+        """The channel from the learner's workers to every rollout worker."""
+        import ray
+
+        from rlcore.launch import free_port
+
+        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
+        receivers = self.rollout.open_push(address)
+        weights.open_push(address, self.rollout.world)
+        self._gather(receivers)
+
+    def _push(self, timer: Timer, metrics: dict) -> None:
         """Push the learner's weights to every rollout worker unless they hold them (each pauses its engine for the
         load); on ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against
-        the trainer."""
+        the learner's."""
         version, step = self.learner
-        if version != self.pushed:
-            every = self.cfg.trainer.check_logprobs_every
-            probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
-            sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
-            with timer("sync"):
-                received = self.rollout.receive_weights(sequences)
-                try:
-                    sent = self.trainer.push_weights(version)
-                except Exception:
-                    self._dead_receiver(received)
-                    raise
-                results = self._gather(received)
-            self.pushed = version
-            metrics.update(sent)
-            metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
-            if probe is not None:
-                metrics["check/logprob_max_diff"] = self._check(probe, [r["scores"] for r in results])
+        weights = self.weights
+        if version == self.pushed:
+            return
+        if weights is None:
+            raise RuntimeError("the queued source has no weights to push: the loop hands them over (push_weights) "
+                               "before it asks for episodes")
+        every = self.cfg.trainer.check_logprobs_every
+        probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
+        sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
+        with timer("sync"):
+            received = self.rollout.receive_weights(sequences)
+            try:
+                sent = weights.push_weights(version)
+            except Exception:
+                self._dead_receiver(received)
+                raise
+            results = self._gather(received)
+        self.pushed = version
+        metrics.update(sent)
+        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
+        if probe is not None:
+            metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results])
 
-    def _check(self, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
+    def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
         """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
         past trainer.logprob_tolerance."""
         prompts, responses = probe
-        pad = self.tokenizer.eos_token_id
-        actor = self.trainer.logprobs(Batch(build_sequences(prompts, responses, pad)))
+        pad = self.pad_id
+        actor = weights.logprobs(Batch(build_sequences(prompts, responses, pad)))
         result = worst(compared(actor, Batch(build_sequences(prompts, responses, pad, response_logprobs=scores)))
                        for scores in engines)
         raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
@@ -208,16 +221,14 @@ class QueuedSource(Source):
         return {"task": producer["task"], "producer": producer}
 
     def resumed(self, step: int, version: int, state: dict) -> None:
-        """Push the restored weights; admission goes on from the groups trained so far, rebased on the restored
-        version (what was in flight when the run stopped is generated again, with these weights)."""
-        self.learner = (version, step)
-        self._push(_untimed, {})
+        """Admission goes on from the groups trained so far, rebased on the restored version (what was in flight
+        when the run stopped is generated again, with the restored weights, which the next push_weights sends)."""
         self.producer.resumed(step, version, state.get("producer"))
 
     def sync(self) -> dict[str, float]:
         """Before an evaluation: the engines get the learner's weights if a push is still due (sync_every > 1)."""
         metrics: dict[str, float] = {}
-        self._push(_untimed, metrics)
+        self._push(Timer(), metrics)
         return metrics
 
     # --- evaluation ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import abc
 import contextlib
 import logging
 import random
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -13,10 +14,21 @@ import torch
 from rlcore.config import Config
 from rlcore.errors import RlcoreError
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
+from rlcore.rollout.handles import Weights
 from rlcore.specs import Sampling, Task
+from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory, episodes_of
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRollout:
+    """What a source gives the loop for a step: the trajectories to train on, grouped (``Trajectory.group``), the
+    scores of everything sampled for the step, kept or not (the reward metrics), and the rollout side's metrics."""
+    trajectories: list[Trajectory]
+    scores: Scores
+    metrics: dict[str, float]
 
 
 class Source(abc.ABC):
@@ -24,9 +36,11 @@ class Source(abc.ABC):
     ``keep_group`` accepts (dynamic sampling) train."""
 
     def __init__(self, cfg: Config, task: Task, tokenizer, max_len: int, rewards: RewardComposer | SourceDispatch,
-                 keep_group: Callable[[torch.Tensor], bool]):
+                 keep_group: Callable[[torch.Tensor], bool],
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.rewards, self.keep_group, self.max_len = rewards, keep_group, max_len
+        self.agent_metrics = agent_metrics           # the agent's (``AgentSpec.metrics``): turns, tool calls...
         self.failure_reasons_seen: set[str] = set()
 
     # --- what a source provides ----------------------------------------------------------------------------------
@@ -40,11 +54,15 @@ class Source(abc.ABC):
         """Bring the engines up to the learner's weights (no-op when they are); what the push moved."""
 
     @abc.abstractmethod
-    def next_groups(self, step: int, version: int, timer, metrics: dict) -> tuple[list[Trajectory], Scores]:
-        """The step's trajectories, and the scores of everything sampled for it (kept or not)."""
+    def next_groups(self, step: int, version: int, timer: Timer) -> StepRollout:
+        """The step's trajectories for the learner at ``version``, the scores of everything sampled for it (kept or
+        not) and the rollout side's metrics; ``timer`` times the phases."""
 
-    def weights_updated(self, version: int, step: int, timer, metrics: dict) -> None:
-        """The learner is at ``version`` after ``step`` trained (or after a resume from it)."""
+    @abc.abstractmethod
+    def push_weights(self, weights: Weights, version: int, step: int, timer: Timer | None = None) -> dict[str, float]:
+        """The learner's ``weights`` are at ``version`` after ``step`` (0: before the first step; after a resume, the
+        step it continues after): the engines get them when the source's schedule says; what the push measured.
+        The first call comes before any episode is asked for."""
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps of the rollout side: the task's state (its prompt sampler), and the source's own."""
@@ -57,7 +75,12 @@ class Source(abc.ABC):
     def close(self) -> None:
         """Stop what the source runs (threads, workers of its own)."""
 
-    # --- tokens and rewards --------------------------------------------------------------------------------------
+    # --- tokens, rewards, metrics --------------------------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        """What pads the batch's rows (the tokenizer's end of sequence)."""
+        return self.tokenizer.eos_token_id
+
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
@@ -95,6 +118,10 @@ class Source(abc.ABC):
             for t in episode:
                 t.group, t.reward, t.failed = g, float(rewards[row]), bool(scores.failed[row])
         return scores
+
+    def trajectory_metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The agent's metrics of the trajectories a step trains on (none for an agent without them)."""
+        return self.agent_metrics(trajectories) if self.agent_metrics else {}
 
     def groups(self, prompts: list[tuple[str, dict]], n: int, temperature: float, seeds: list[int],
                timer=None) -> tuple[list[list[Trajectory]], Scores]:
