@@ -1,5 +1,6 @@
 """Shared, expensive fixtures: one short quickstart run (real megatron-core, real vLLM) per test process (each
-pytest-xdist worker whose tests use it), its warm start built once for the whole run."""
+pytest-xdist worker whose tests use it), its warm start built once for the whole run; each test that asks for the run
+gets it restored to the state its training ended in."""
 import os
 
 import pytest
@@ -18,10 +19,19 @@ def warm_start_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def quickstart(tmp_path_factory, warm_start_cache):
-    """A Run that has run the short quickstart; its actor and vLLM engine stay up for further checks."""
+def quickstart_model(warm_start_cache) -> str:
+    """The quickstart's starting checkpoint (its warm start: an HF directory), as its runs find it in the cache."""
+    [entry] = [p for p in warm_start_cache.iterdir() if p.is_dir()]
+    return str(entry)
+
+
+@pytest.fixture(scope="session")
+def trained_quickstart(tmp_path_factory, warm_start_cache):
+    """A Run that has run the short quickstart, and the checkpoint of the state it ended in; its actor and vLLM
+    engine stay up for further checks."""
     import torch
 
+    from rlcore.checkpoint import complete_checkpoints
     from rlcore.config import load_config
     from rlcore.plugins import load_plugins
     from rlcore.run import Run
@@ -32,5 +42,21 @@ def quickstart(tmp_path_factory, warm_start_cache):
                                                         f"warm_start.cache_dir={warm_start_cache}"])
     run = Run(cfg, load_plugins(["qwen3", "grpo", "vllm"]))
     run.summary = run.train()
-    yield run
+    run.save_checkpoint(cfg.trainer.steps, run.eval_before)
+    run.checkpointer.finish(blocking=True)
+    [(_, saved)] = complete_checkpoints(run.run_dir)[-1:]
+    yield run, saved
     run.close()
+
+
+@pytest.fixture
+def quickstart(trained_quickstart):
+    """The session's quickstart run as its training left it, for one test: restored from that state's checkpoint
+    (weights, optimizer, generators, the prompt sampler, the learner's version) and its engine made to take those
+    weights again, so that no test sees what another did to the run (trained it on, pushed other weights)."""
+    run, saved = trained_quickstart
+    run.restore(saved)
+    for worker in run.workers.workers:       # one in-process worker
+        worker.engine.synced_version = -1
+    run.source.sync()                        # rollout mode: the engine takes the restored weights
+    return run

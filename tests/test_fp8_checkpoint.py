@@ -136,13 +136,13 @@ def test_fp8_checkpoint_loads_at_tp2(fp8, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_grpo_from_an_fp8_checkpoint_serves_the_dequantized_weights(quickstart, tmp_path):
+def test_grpo_from_an_fp8_checkpoint_serves_the_dequantized_weights(quickstart_model, tmp_path):
     """The quickstart's model written in block FP8: the actor loads it dequantized, vLLM starts without weights
     (it would serve FP8 differently, and on CPU not at all) and after each push serves what the actor holds: the
     engine check after every sync passes (placeholder weights would fail it)."""
     from rlcore_testing.models import run_grpo_smoke
 
     fp8_dir = str(tmp_path / "fp8")
-    quantize_checkpoint(quickstart.model_path, fp8_dir, (32, 48), shard_bytes=256 << 10)
+    quantize_checkpoint(quickstart_model, fp8_dir, (32, 48), shard_bytes=256 << 10)
     history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, f"model.path={fp8_dir}")
     print("engine check after each push:", [h["check/logprob_max_diff"] for h in history])

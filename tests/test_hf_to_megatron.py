@@ -16,12 +16,12 @@ TP2XPP2 = ["trainer.world_size=4", "actor.parallel.tp=2", "actor.parallel.pp=2"]
 
 
 @pytest.fixture(scope="module")
-def converted(quickstart, tmp_path_factory):
+def converted(quickstart_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("converted") / "ckpt"
-    result = run_cli([sys.executable, "-m", "rlcore.cli", "convert", quickstart.model_path, str(out), "--tp=2",
+    result = run_cli([sys.executable, "-m", "rlcore.cli", "convert", quickstart_model, str(out), "--tp=2",
                       "--pp=2", "--dtype=float32", "--plugins=qwen3"], timeout=600, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
-    return quickstart.model_path, str(out)
+    return quickstart_model, str(out)
 
 
 def test_converted_weights_equal_the_hf_files(converted):

@@ -40,16 +40,15 @@ def test_engine_and_actor_agreed_on_every_rollout(quickstart):
     assert all(h["sync/bytes"] > 0 for h in history[1:])
 
 
-def test_exported_checkpoint_loads_in_transformers_and_matches_the_actor(quickstart, tmp_path):
-    """The HF export of the trained actor gives the same logprobs in transformers as in Megatron. Exported here, as
-    the run exports at its end: other tests train the session's quickstart further (test_rewards runs a step), so
-    the run's own export need not be the actor any more when this test runs after them (pytest-xdist's order)."""
+def test_exported_checkpoint_loads_in_transformers_and_matches_the_actor(quickstart):
+    """The run's HF export (written at its end) gives the same logprobs in transformers as the trained actor in
+    Megatron."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlcore.data import Batch, build_sequences
 
-    hf = AutoModelForCausalLM.from_pretrained(quickstart.export_hf(str(tmp_path / "hf")), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(quickstart.summary["export"], dtype=torch.float32).eval()
     prompts, responses = [quickstart.source.encode("12+35=")] * 2, [quickstart.source.encode("47"), quickstart.source.encode("48")]
     batch = Batch(build_sequences(prompts, responses, quickstart.eos_id))
     ours = quickstart.workers.workers[0].actor.logprobs(batch)
