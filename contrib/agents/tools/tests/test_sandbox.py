@@ -86,7 +86,8 @@ def test_runaway_spawner_is_stopped_by_the_process_limit_and_nothing_it_started_
 def test_infinite_loop_ends_at_the_cpu_time_limit():
     result = run_python("while True:\n    pass", FAST)
     assert (result.outcome, result.reason) == ("killed", "CPU-time limit 1 s"), result
-    assert result.cpu_seconds > 0.9 and result.wall_seconds < 5
+    # before the wall-clock limit: 1 s of CPU can take several seconds of wall on a loaded machine (5.03 s seen)
+    assert result.cpu_seconds > 0.9 and result.wall_seconds < FAST.wall_seconds
     assert result.as_observation() == "[killed: CPU-time limit 1 s]"
 
 
