@@ -1,21 +1,9 @@
 """Shared, expensive fixtures: one short quickstart run (real megatron-core, real vLLM) per test process (each
-pytest-xdist worker whose tests use it), its warm start built once for the whole run; each test that asks for the run
-gets it restored to the state its training ended in."""
-import os
-
+pytest-xdist worker whose tests use it), from the warm start the repository's conftest.py builds once for the whole
+run; each test that asks for the run gets it restored to the state its training ended in."""
 import pytest
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-from runs import SHORT_QUICKSTART, build_warm_start_cache  # noqa: E402  (tests/ is on sys.path for its conftest)
-
-
-@pytest.fixture(scope="session")
-def warm_start_cache(tmp_path_factory):
-    """This test process's warm-start cache, holding the quickstart's starting checkpoint from the start, built once
-    for the whole test run (``runs.build_warm_start_cache``)."""
-    return build_warm_start_cache(tmp_path_factory, "quickstart", ["qwen3", "grpo", "vllm"])
+from runs import SHORT_QUICKSTART  # (the repository's conftest.py puts tests/ on sys.path, and holds warm_start_cache)
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,8 @@
-"""The tool-calculator preset's warm start, built once per test run as the core's tests build the quickstart's; the
-repository's run helpers (tests/runs.py: start, watch and kill `rlcore run`) shared with the core's tests."""
-import os
-import sys
-from pathlib import Path
-
+"""The tool-calculator preset's warm start, built once per test run as the repository's conftest.py builds the
+quickstart's, with its run helpers (tests/runs.py: start, watch and kill `rlcore run`)."""
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "tests"))
-
-from runs import build_warm_start_cache  # noqa: E402
+from runs import build_warm_start_cache
 
 
 @pytest.fixture(scope="session")

@@ -24,9 +24,9 @@ def rlcore_run(run_dir, *overrides, timeout=900):
             [json.loads(line) for line in open(run_dir / "metrics.jsonl")])
 
 
-def test_ppo_learns_the_quickstart(tmp_path):
+def test_ppo_learns_the_quickstart(tmp_path, warm_start_cache):
     summary, history = rlcore_run(tmp_path / "run", "trainer.steps=60", "critic.optim.lr=0.001",
-                                  f"warm_start.cache_dir={tmp_path / 'warm_start'}")
+                                  f"warm_start.cache_dir={warm_start_cache}")
     # measured from the quickstart's warm start (to 0.5 held-out accuracy): training reward 0.387 -> 0.458 over
     # 60 steps (z = 3.0), held-out accuracy 0.57 -> 0.685 (+0.08 is about two standard errors over 200 prompts)
     first, last, z = reward_gain(history)

@@ -45,12 +45,12 @@ def test_bad_options_name_the_key():
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_rloo_learns_the_quickstart(tmp_path):
+def test_rloo_learns_the_quickstart(tmp_path, warm_start_cache):
     run = tmp_path / "run"
     result = run_cli([sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen3,rloo,vllm",
                       "algorithm.name=rloo", "trainer.steps=60", "trainer.eval_every=0",
                       "run.progress=false", "trainer.export_hf=false", f"run.dir={run}",
-                      f"warm_start.cache_dir={tmp_path / 'warm_start'}"],
+                      f"warm_start.cache_dir={warm_start_cache}"],
                      timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.load(open(run / "summary.json"))
