@@ -41,7 +41,7 @@ def uninterrupted(tmp_path_factory, warm_start_cache):
 
 # tp2xpp2 on request (RLCORE_ALL_LAYOUTS=1), to keep the suite's time (three 4-worker runs, ~500 s under CI load): in
 # every run, lora-tp2 kills and resumes a multi-worker run, test_resharded_resume saves and loads pipeline stages'
-# weights and optimizer state exactly, and the export test below reads the uninterrupted tp2xpp2 run's checkpoint.
+# weights and optimizer state exactly, and the export test below reads a two-step tp2xpp2 run's checkpoint.
 # ppo on request too: test_resharded_resume's critic cases save and load the critic's weights and optimizer state
 # exactly, and lora-tp2 kills and resumes a run with a KL reference policy
 
@@ -83,10 +83,11 @@ def test_killed_while_saving_resumes_from_the_previous_checkpoint(tmp_path, warm
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_path, uninterrupted):
-    """The TP2 x PP2 run's last checkpoint, exported in one process with no model built (read from the distributed
-    checkpoint a bucket at a time) and no engine, in 1 MB files, equals the HF export the run wrote from its live
-    actor at the end in 1 MB files, tensor for tensor; transformers loads it with the tokenizer, and vLLM serves it."""
+def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_path, warm_start_cache):
+    """A TP2 x PP2 run's last checkpoint (two steps, saved after the second), exported in one process with no model
+    built (read from the distributed checkpoint a bucket at a time) and no engine, in 1 MB files, equals the HF export
+    the run wrote from its live actor at the end in 1 MB files, tensor for tensor; transformers loads it with the
+    tokenizer, and vLLM serves it."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,10 +96,12 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
         assert len(files) >= 3 and os.path.exists(directory / "model.safetensors.index.json"), files
         return {name: t for f in files for name, t in load_file(directory / f).items()}
 
-    run_dir = uninterrupted("tp2xpp2", run_dir=True)
+    run_dir = tmp_path / "run"
+    run_to_end(rlcore_run(run_dir, warm_start_cache, *CASES["tp2xpp2"], "trainer.steps=2", "trainer.save_every=2",
+                          "trainer.eval_every=0"))
     out = tmp_path / "exported"
     result = run_cli([sys.executable, "-m", "rlcore.cli", "export", "--plugins=qwen3", "--max-shard-gb=0.001",
-                      str(run_dir / "checkpoints" / f"step_{STEPS:08d}"), str(out)],
+                      str(run_dir / "checkpoints" / f"step_{2:08d}"), str(out)],
                      timeout=300, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     exported, live = read(out), read(run_dir / "hf")
