@@ -61,12 +61,21 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
     """``cmd`` in a session of its own, so that killing its process group reaches its engines and Ray: forked from
     this test process's zygote where it is an `rlcore run` the zygote can fork (tests/zygote.py), else a process of
     its own. Either has Popen's pid, poll(), wait() and returncode. ``stdout``/``stderr``: DEVNULL or open files."""
+    env = without_leaks(env)
     with open(os.devnull, "w") as devnull:
         fds = [devnull.fileno() if s == subprocess.DEVNULL else s.fileno() for s in (stdout, stderr)]
         forked = _ZYGOTE.spawn(cmd, env, *fds)
     if forked is not None:
         return forked
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
+
+
+def without_leaks(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less what this test process's own in-process work added to its environment since it started, with
+    the value it added (SGLang's plugin sets a dozen variables as its tests install its CPU shims; a tracker sets its
+    own): a run must not see what an earlier test in the same process left, which also made the zygote refuse to
+    fork every run after it (tests/zygote.py). A variable the caller sets to another value is kept."""
+    return {k: v for k, v in env.items() if k in ENV or os.environ.get(k) != v}
 
 
 def wait_until(process, condition, timeout=1200):
