@@ -26,7 +26,7 @@ gets several updates), the engine pause of a push, the mean staleness; and the f
 held-out accuracy >= ``--threshold``, as its step and the sum of ``time/step`` until then. Last line:
 ``async speedup <x> quickstart, <y> long-tailed``: the best async setting's steps/s over the colocated run's.
 Goal (issue 26): >= 1.4x on the quickstart and >= 1.6x long-tailed, reaching the threshold no later.
-``--smoke`` (tests/test_bench_smoke.py): the long-tailed workload (so the long_tail plugin too) unless
+``--smoke`` (tests/integration/test_bench_smoke.py): the long-tailed workload (so the long_tail plugin too) unless
 ``--workloads`` is given, colocated on one worker and async at staleness 0 without partial, 3 steps of 4 prompts x
 2 samples (evaluated on 8 held-out prompts at step 2, the first left out), from the model as built (no warm start;
 SMOKE, its cache with the runs).

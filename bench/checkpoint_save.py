@@ -10,7 +10,7 @@ until training could go on, ``async stall``, and until the write is finalized); 
 the same tensors (its model shard's parameters and its optimizer state) as raw bytes into one file with an fsync.
 Prints seconds (median, after barriers: the slowest rank), the bytes each wrote, and the ratios to the floor.
 Goal: the asynchronous save stalls training no longer than the floor (ratio <= 1).
-``--smoke`` (tests/test_bench_smoke.py): the same path on a model of ~0.2M parameters (SMOKE_SHAPE), layout tp2
+``--smoke`` (tests/integration/test_bench_smoke.py): the same path on a model of ~0.2M parameters (SMOKE_SHAPE), layout tp2
 unless ``--layouts`` is given, one repeat; the last line is then that layout's row, its ratios ``<x>x, <y>x``.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ shares out, every worker's pass, the per-token result back in the batch's row or
 
 The floor: one ``copy_`` of the batch's and the result's bytes into buffers already allocated, in this process.
 Prints medians in seconds and as ratios to the floor; the last line is the worst ``now`` ratio over the layouts.
-``--smoke`` (tests/test_bench_smoke.py): both layouts on a batch of 16 x 64 tokens, one repeat.
+``--smoke`` (tests/integration/test_bench_smoke.py): both layouts on a batch of 16 x 64 tokens, one repeat.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ once; the others take ``--chunk`` tokens at a time: ``logprob_chunk_tokens``). P
 fraction (the update's ``actor/padding_frac``: padded positions of all positions the passes computed), the peak
 resident memory, and the ratios to fixed. Goal (issue 16): >= 1.6x the fixed-size throughput at no higher peak
 memory. Last line: ``logits <chunk> tokens at a time: <m> MB less peak memory than all at once, <x>x its throughput``.
-``--smoke`` (tests/test_bench_smoke.py): every configuration on 4 sequences of at most 64 tokens, a 2-layer model
+``--smoke`` (tests/integration/test_bench_smoke.py): every configuration on 4 sequences of at most 64 tokens, a 2-layer model
 (SMOKE_SHAPE), one timed update, all in this process one after another (a process each costs ~10 s of imports), so
 its peak memory is the process's so far and its memory ratios mean nothing.
 """

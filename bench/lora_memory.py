@@ -6,7 +6,7 @@ full fine-tuning, on Qwen2.5-0.5B's published shape; and one weight sync, merged
 The model is configs/models/qwen2.5-0.5b.json (Qwen2.5-0.5B's config.json: hidden 896, 24 layers, 14 heads, 2 KV
 heads, FFN 4864, vocabulary 151936, tied embeddings) with random weights built in-process (nothing downloaded);
 ``--small`` keeps its widths but 2 layers and a vocabulary of 8192 (a quick check of the script, ~1 min); ``--smoke``
-(tests/test_bench_smoke.py) is 2 layers of width 64 and a vocabulary of 512 (SMOKE), one repeat. Each arm
+(tests/integration/test_bench_smoke.py) is 2 layers of width 64 and a vocabulary of 512 (SMOKE), one repeat. Each arm
 is its own process (one rank, TP1, gloo): rlcore's MegatronActor in bfloat16 with the run's optimizer (distributed
 Adam), a GRPO config with a KL term (``algorithm.kl_coef``), so the actor freezes its reference policy as a run's
 worker does; then one real update. *full*: every weight trained; *lora*: ``actor.lora.rank`` on linear_qkv,

@@ -8,7 +8,7 @@ Both transports are set up side by side and their pushes alternate (after one wa
 machine hits both alike. A push's time is the sender's: from its start until every receiver has taken the last
 bucket. Prints each transport's median seconds and MB/s, and the floor: the receivers' copy alone (the same tensors
 copied into the same parameters within one process). Last line: ``push shm/collectives <x>x`` (speed ratio).
-``--smoke`` (tests/test_bench_smoke.py): 8 MB in buckets of 2 MB, one timed push.
+``--smoke`` (tests/integration/test_bench_smoke.py): 8 MB in buckets of 2 MB, one timed push.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ resident-memory rise during a sync; "engine own MB", the rise during the engine 
 re-materialisation; the sync's own extra memory is roughly the difference); the largest bucket plus the largest
 tensor; "copy s", a plain copy of the model's HF tensors into preallocated buffers (the other floor). Last line:
 ``worst sync/ingest <x>x (<backend> <layout>)``; a layout that failed makes the exit status 1.
-``--smoke`` (tests/test_bench_smoke.py): a model of ~0.1M parameters (SMOKE_SHAPE) in buckets of 0.25 MB, one
+``--smoke`` (tests/integration/test_bench_smoke.py): a model of ~0.1M parameters (SMOKE_SHAPE) in buckets of 0.25 MB, one
 repeat, vLLM at tp2 unless ``--backend``/``--layouts`` are given.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs rlcore, its built-in contrib plugins, the test tools and the tracker extras (TensorBoard, W&B, MLflow, for
-# trainer.loggers and tests/test_loggers.py) into ./.venv (created if missing).
+# trainer.loggers and tests/integration/test_loggers.py) into ./.venv (created if missing).
 # Safe to re-run: already-satisfied requirements are skipped. Order matters (see ../shared ENVIRONMENT notes):
 #   1. torch first (the machine's local CPU wheel; any other torch request would pull the CUDA build),
 #   2. vLLM (its CPU build where there is no GPU), then drop the CUDA torchvision/torchaudio/torchcodec it pulls,
 #      which break transformers' model imports and are not needed for text models,
-#   3. rlcore and the plugins, editable (tests/test_wheel_install.py checks that their wheels work as well),
+#   3. rlcore and the plugins, editable (tests/e2e/test_wheel_install.py checks that their wheels work as well),
 #   4. on CPU, SGLang for rlcore-rollout-sglang (contrib/rollout/sglang/README.md).
 # Every step installs the versions locked in scripts/constraints.txt (the tested stack; scripts/lock.sh writes it).
 set -euo pipefail

@@ -57,7 +57,7 @@ WALL_CLOCK = ("agent/tool_seconds", "async/trainer_idle_frac", "async/rollout_id
 
 
 def gsm8k_run(out: str) -> list[str]:
-    """The GSM8K job in miniature (tests/test_gsm8k_e2e.py's): a tiny Qwen3 with a byte-level BPE chat tokenizer,
+    """The GSM8K job in miniature (tests/e2e/test_gsm8k_e2e.py's): a tiny Qwen3 with a byte-level BPE chat tokenizer,
     GSM8K-format JSONL made verl Parquet by `rlcore dataset gsm8k`, the math reward plus a brevity shaping."""
     from rlcore_testing.models import tiny_checkpoint
     from rlcore_testing.gsm8k import chat_tokenizer, gsm8k_lines

@@ -113,7 +113,7 @@ def optimizer_bytes(numel: float, bf16: float, offloaded: float = 0.0) -> tuple[
     device: two fp32 moments per element left there, and the fp32 master copy of every bf16 element, offloaded or
     not (the distributed optimizer keeps it; the hybrid one copies its host result back into it). On the host, per
     offloaded element: an fp32 copy of the parameter, its fp32 gradient and the two moments.
-    tests/megatron/test_hybrid_optimizer.py measures these on the optimizers the plugins build."""
+    tests/unit/megatron/test_hybrid_optimizer.py measures these on the optimizers the plugins build."""
     return (numel - offloaded) * 8 + bf16 * 4, offloaded * 16
 
 

@@ -1,7 +1,7 @@
 """Megatron's optimizers: Adam distributed over the data-parallel group (``adam``), and the same with part of its state
 held and stepped on the host (``hybrid_adam``, megatron-core's hybrid CPU/GPU optimizer: ``optim.offload_fraction``
 of each rank's shard, whole parameters in order, gets a host copy, host gradients and host Adam moments). Both take
-the same steps: ``hybrid_adam`` only moves memory (tests/megatron/test_hybrid_optimizer.py)."""
+the same steps: ``hybrid_adam`` only moves memory (tests/unit/megatron/test_hybrid_optimizer.py)."""
 from rlcore.errors import ConfigError
 from rlcore.specs import OptimizerSpec
 

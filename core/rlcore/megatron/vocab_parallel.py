@@ -19,7 +19,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     ranks' vocabulary slices and m the (detached) max logit. Differentiable: each rank's partial sums depend only on
     its own logits, so the all-reduce's backward is the identity. m leaves H unchanged; it keeps exp() finite, and
     weighting z - m rather than z keeps the fp32 value and gradient accurate at large logits (unshifted: 40-500x the
-    error against fp64, tests/megatron/test_vocab_parallel.py)."""
+    error against fp64, tests/unit/megatron/test_vocab_parallel.py)."""
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 

@@ -436,7 +436,7 @@ def test_the_doc_table_is_generated_from_the_table():
 # --- end to end -----------------------------------------------------------------------------------------------------
 
 def _gsm8k_job(tmp_path, chat_tokenizer):
-    """The tiny GSM8K job of tests/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a verl-style
+    """The tiny GSM8K job of tests/e2e/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a verl-style
     compute_score that prefers short answers (a random model solves nothing; this gives the update a gradient)."""
     from rlcore.cli import main
     from rlcore_testing.models import tiny_checkpoint

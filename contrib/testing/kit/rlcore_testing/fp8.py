@@ -1,5 +1,5 @@
 """Test checkpoints in the published block FP8 format (DeepSeek-V3, Qwen3-FP8), written from a plain HF checkpoint
-with safetensors' own writer, for the loader's FP8 tests (tests/test_fp8_checkpoint.py)."""
+with safetensors' own writer, for the loader's FP8 tests (tests/e2e/test_fp8_checkpoint.py)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """Shims for megatron-core's distributed optimizer over torch.optim.Adam (no TransformerEngine / Apex): its checkpoint
-save and load, and the hybrid CPU/GPU optimizer's steps. A bit-exact resume test (tests/test_checkpoint.py) catches
+save and load, and the hybrid CPU/GPU optimizer's steps. A bit-exact resume test (tests/e2e/test_checkpoint.py) catches
 each of these; a "loss looks fine" test does not. Registered after ``compat``'s (the order they are applied in)."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One registry of the shims rlcore applies to megatron-core: each records the megatron-core version it was written
 for, what it works around (its docstring), whether it is only for processes without CUDA, any other condition it
-applies under, and the smallest case that fails without it (``tests/megatron/test_cpu_shims.py`` removes each shim in
+applies under, and the smallest case that fails without it (``tests/integration/test_cpu_shims.py`` removes each shim in
 turn and checks that case still fails, so a shim megatron-core no longer needs shows up as a failing test).
 
 Conditions are read without importing megatron-core, so the driver can list what its workers will apply
@@ -25,7 +25,7 @@ WRITTEN_FOR = "0.16.1"         # the megatron-core version rlcore pins and every
 class Shim:
     name: str
     patch: Callable[[], None]
-    needed_by: str                       # the case of tests/megatron/test_cpu_shims.py that fails without it
+    needed_by: str                       # the case of tests/integration/test_cpu_shims.py that fails without it
     cpu_only: bool                       # only in a process without CUDA
     when: Callable[[], bool]             # any other condition, e.g. "TransformerEngine is not installed"
     written_for: str = WRITTEN_FOR
@@ -92,6 +92,6 @@ def warn_unverified(shims: list[Shim]) -> None:
     unverified = [s.name for s in shims if s.written_for != installed]
     if unverified:
         log.warning("megatron-core %s is installed; these shims were written for %s and not verified for it: %s "
-                    "(tests/megatron/test_cpu_shims.py checks each is still needed)", installed,
+                    "(tests/integration/test_cpu_shims.py checks each is still needed)", installed,
                     "/".join(sorted({s.written_for for s in shims if s.written_for != installed})),
                     ", ".join(unverified))

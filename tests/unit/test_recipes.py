@@ -1,6 +1,6 @@
 """configs/ holds every recipe once: the presets run by name and the bundled HF configs resolve to it, and no file of
 it has a second copy anywhere in the repository (a copy would drift from the one users run). The built wheel carrying
-the same files is tests/test_wheel_install.py's."""
+the same files is tests/e2e/test_wheel_install.py's."""
 import hashlib
 import os
 from collections import defaultdict
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rlcore.config.loader import preset_names
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 RECIPE_SUFFIXES = (".yaml", ".yml", ".json")
 NOT_THE_REPOSITORY = {".git", ".venv", "build", "dist", "runs", "__pycache__"}     # tools' and runs' outputs

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 RATIO = r"-?\d+\.\d+"
 
 # each script and the shape of its summary line, the last line it prints

@@ -13,7 +13,7 @@ from rlcore.datasets import read_prompt_files
 from rlcore.plugins import load_plugins
 from rlcore.rewards import build_rewards
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RLCORE = [sys.executable, "-m", "rlcore.cli"]
 GSM8K_LINES = [  # as in GSM8K's train.jsonl: the worked answer ends in '#### <number>'
     {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = [REPO] + sorted(p.parent for p in REPO.glob("contrib/*/*/pyproject.toml"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -246,7 +246,7 @@ def test_another_megatron_core_version_warns_in_one_line_naming_the_shims(monkey
         registry.warn_unverified(shims)
     assert [r.getMessage() for r in caplog.records] == [
         f"megatron-core 0.17.0 is installed; these shims were written for 0.16.1 and not verified for it: "
-        f"{shims[0].name}, {shims[1].name} (tests/megatron/test_cpu_shims.py checks each is still needed)"]
+        f"{shims[0].name}, {shims[1].name} (tests/integration/test_cpu_shims.py checks each is still needed)"]
     caplog.clear()
     monkeypatch.setattr(megatron.core, "__version__", "0.16.1")
     registry.warn_unverified(shims)

@@ -8,7 +8,7 @@ import ast
 from functools import cache
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[1] / "core"
+CORE = Path(__file__).resolve().parents[2] / "core"
 
 # Packages that left the core for distributions of their own (rlcore-verl, rlcore-agent-tools, rlcore-testing); the
 # core must not import them, nor the distributions.
