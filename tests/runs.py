@@ -22,7 +22,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 _ZYGOTE = Zygote()            # forks this test process's `rlcore run`s (tests/zygote.py)
 atexit.register(_ZYGOTE.close)
 # the runs kept out of the suite's time (each with a comment naming what covers its parts in every run)
-ON_REQUEST = pytest.mark.skipif(os.environ.get("RLCORE_ALL_LAYOUTS") != "1", reason="RLCORE_ALL_LAYOUTS=1 runs it")
+ON_REQUEST = pytest.mark.on_request      # deselected unless RLCORE_ALL_LAYOUTS=1 (rlcore-testing's pytest plugin)
 
 
 def rlcore_run(run_dir, warm_start_cache, *extra, preset="quickstart", plugins="qwen3,grpo,ppo,vllm"):

@@ -40,14 +40,14 @@ def test_tp_sharded_conversion_equals_unsharded(family):
     assert len(biases) == SIZES["num_layers"] and checked > len(biases)
 
 
+@pytest.mark.parametrize("family", ["moe"], indirect=True)      # the shared expert's test: the MoE family only
 def test_shared_expert_gate_is_megatrons_sigmoid_gate(family):
     """HF: sigmoid(shared_expert_gate(x)) * shared_expert(x); megatron-core's gated shared expert, checked on the
     module itself (the logits test checks it inside the model)."""
     import torch
 
     spec, _, hf_model, model, _ = family
-    if spec is not QWEN2_MOE:
-        pytest.skip("dense model: no shared expert")
+    assert spec is QWEN2_MOE
     x = torch.randn(5, 1, SIZES["hidden_size"], generator=torch.Generator().manual_seed(0))
     ours = model.decoder.layers[0].mlp.shared_experts(x)
     block = hf_model.model.layers[0].mlp
@@ -58,10 +58,9 @@ def test_shared_expert_gate_is_megatrons_sigmoid_gate(family):
 
 @pytest.mark.slow
 @pytest.mark.parallel
+@pytest.mark.parametrize("family", ["moe"], indirect=True)      # the experts' test: the MoE family only
 def test_expert_parallel_conversion(family):
     spec, path, _, _, _ = family
-    if spec is not QWEN2_MOE:
-        pytest.skip("dense model: no experts")
     assert_expert_parallel("qwen2", spec.name, path)
 
 

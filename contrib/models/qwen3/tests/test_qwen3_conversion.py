@@ -39,8 +39,7 @@ def test_tp_sharded_conversion_equals_unsharded(family):
 
 @pytest.mark.slow
 @pytest.mark.parallel
+@pytest.mark.parametrize("family", ["moe"], indirect=True)      # the experts' test: the MoE family only
 def test_expert_parallel_conversion(family):
     spec, path, _, _, _ = family
-    if spec is not QWEN3_MOE:
-        pytest.skip("dense model: no experts")
     assert_expert_parallel("qwen3", spec.name, path)
