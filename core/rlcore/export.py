@@ -25,7 +25,7 @@ import torch
 
 from rlcore.errors import ConfigError
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec
-from rlcore.hf_to_megatron import ConvertedWeights
+from rlcore.converted import ConvertedWeights
 from rlcore.specs import ModelSpec
 
 if TYPE_CHECKING:

@@ -13,35 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 
+from rlcore.converted import MARKER, WEIGHTS
 from rlcore.errors import ConfigError
 from rlcore.launch import torchrun
-
-MARKER = "rlcore_converted.json"
-WEIGHTS = "megatron"
-
-
-@dataclass(frozen=True)
-class ConvertedWeights:
-    """A converted checkpoint's weights: what a rank loads its shard from instead of HF files."""
-    path: str
-
-    @property
-    def directory(self) -> str:
-        return os.path.join(self.path, WEIGHTS)
-
-
-def is_converted(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, MARKER))
-
-
-def converted_dtype(path: str) -> str | None:
-    """The dtype ``path``'s weights were written at by ``rlcore convert`` (None: not a converted checkpoint)."""
-    if not is_converted(path):
-        return None
-    with open(os.path.join(path, MARKER)) as f:
-        return json.load(f).get("dtype")
 
 
 def convert(hf_dir: str, out: str, family: str | None = None, tp: int = 1, pp: int = 1, ep: int = 1,

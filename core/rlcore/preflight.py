@@ -45,7 +45,7 @@ def check_adapter_sync(cfg: Config, serves_adapters: bool, hf_config: dict[str, 
 def check_converted_dtype(cfg: Config, model_path: str) -> None:
     """A checkpoint ``rlcore convert`` wrote holds its weights at the dtype it was converted at: an actor at another
     would train on them rounded (or widened from rounded ones), so the two must agree."""
-    from rlcore.hf_to_megatron import converted_dtype
+    from rlcore.converted import converted_dtype
 
     converted = converted_dtype(model_path)
     if converted is not None and converted != cfg.actor.dtype:

@@ -26,7 +26,7 @@ def converted(quickstart_model, tmp_path_factory):
 
 def test_converted_weights_equal_the_hf_files(converted):
     from rlcore.export import checkpoint_hf_weights
-    from rlcore.hf_to_megatron import WEIGHTS
+    from rlcore.converted import WEIGHTS
     from rlcore.megatron.model import read_hf_config, read_hf_weights
     from rlcore.megatron.parallel import init_parallel
     from rlcore.plugins import load_plugins

@@ -29,10 +29,6 @@ FORBIDDEN = [
 
 # (importer, imported): where, and what removes it. The importing modules' lines, as of the entry's writing.
 KNOWN: dict[tuple[str, str], str] = {
-    # the review's converted.py (ConvertedWeights, MARKER) apart from the convert command
-    ("rlcore.megatron.model", "rlcore.hf_to_megatron"): "core/rlcore/megatron/model.py:18 (ConvertedWeights, "
-                                                        "is_converted; closes hf_to_megatron.py:52,97 -> model)",
-    ("rlcore.config.loader", "rlcore.hf_to_megatron"): "core/rlcore/config/loader.py:15 (MARKER)",
     # the resharder's bucket exchange, which weight_sync/push.py shares, still lives in weight_sync/
     ("rlcore.megatron.reshard", "rlcore.weight_sync.transport"): "core/rlcore/megatron/reshard.py:29 (make_exchange)",
 }

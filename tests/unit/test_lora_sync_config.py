@@ -97,7 +97,7 @@ def test_a_pushed_adapter_carries_its_config():
 def test_a_converted_checkpoint_is_refused(tmp_path):
     """`rlcore convert`'s output holds Megatron weights, which the engine cannot start from (it starts weightless and
     the actor's weights are pushed to it): no base weights for the adapters."""
-    from rlcore.hf_to_megatron import MARKER
+    from rlcore.converted import MARKER
 
     for name in ("config.json", "tokenizer.json", MARKER):
         (tmp_path / name).write_text("{}")

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlcore.config.schema import Config
-from rlcore.hf_to_megatron import MARKER as CONVERTED
+from rlcore.converted import MARKER as CONVERTED
 from rlcore.errors import ConfigError
 from rlcore.lora.config import lora_config
 

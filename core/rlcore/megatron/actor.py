@@ -17,7 +17,7 @@ import torch.distributed as dist
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
 from rlcore.hf_checkpoint import TensorSpec
-from rlcore.hf_to_megatron import ConvertedWeights
+from rlcore.converted import ConvertedWeights
 from rlcore.lora.config import lora_config
 from rlcore.lora.config import LoRAConfig
 from rlcore.lora.layers import adapters, adapters_enabled

@@ -15,7 +15,7 @@ from rlcore.convert import Layout, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_checkpoint import log as load_log
 from rlcore.hf_config import with_transformers_defaults
-from rlcore.hf_to_megatron import ConvertedWeights, is_converted
+from rlcore.converted import ConvertedWeights, is_converted
 from rlcore.quantization import checkpoint_quantization
 from rlcore.specs import ModelSpec
 

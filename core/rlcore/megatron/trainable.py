@@ -19,7 +19,7 @@ import torch.distributed as dist
 from rlcore.balance import split_to_count, token_budget_micro_batches
 from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch, sequence_lengths
-from rlcore.hf_to_megatron import ConvertedWeights
+from rlcore.converted import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
