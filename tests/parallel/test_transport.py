@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.parallel]
 
 RANK_SCRIPT = textwrap.dedent("""
     import glob, torch, torch.distributed as dist
-    from rlcore.weight_sync.transport import CollectiveExchange, SharedMemoryExchange, make_exchange
+    from rlcore.megatron.exchange import CollectiveExchange, SharedMemoryExchange, make_exchange
     dist.init_process_group("gloo")
     rank, group = dist.get_rank(), dist.group.WORLD
     shm, coll = make_exchange(group, 1 << 12), make_exchange(group, 1 << 12, "collectives")

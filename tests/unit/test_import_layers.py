@@ -28,10 +28,7 @@ FORBIDDEN = [
 ]
 
 # (importer, imported): where, and what removes it. The importing modules' lines, as of the entry's writing.
-KNOWN: dict[tuple[str, str], str] = {
-    # the resharder's bucket exchange, which weight_sync/push.py shares, still lives in weight_sync/
-    ("rlcore.megatron.reshard", "rlcore.weight_sync.transport"): "core/rlcore/megatron/reshard.py:29 (make_exchange)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:

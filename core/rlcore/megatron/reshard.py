@@ -7,7 +7,7 @@ rank's whole tensor) has one *writer*, the lowest global rank holding it. Per bu
 
 1. the exchange assembles the bucket's full HF tensors in one flat buffer, each writer copying its pieces straight
    into HF layout through the model plugin's rules (``shard_to_hf``) — written in place into shared memory by ranks
-   on one host, one broadcast per writer otherwise (``rlcore.weight_sync.transport``); the engine gets views of it;
+   on one host, one broadcast per writer otherwise (``rlcore.megatron.exchange``); the engine gets views of it;
 2. tensors that every rank holds whole (everything at TP1/PP1, norms replicated over TP) are not exchanged: the
    rules convert them locally (``to_hf``: views where the layouts allow).
 
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
 from rlcore.megatron.names import global_name, is_expert, named_weights
-from rlcore.weight_sync.transport import make_exchange
+from rlcore.megatron.exchange import make_exchange
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.weight_sync.transport import held_elsewhere, host_id, map_among
+from rlcore.megatron.exchange import held_elsewhere, host_id, map_among
 
 ALIGN = 64
 PUSH, BUCKET, END = 1, 2, 3     # what an announcement says

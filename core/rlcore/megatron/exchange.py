@@ -1,4 +1,5 @@
-"""How the resharder assembles a bucket's full Megatron tensors from the pieces that ranks hold.
+"""How the resharder (``rlcore.megatron.reshard``) assembles a bucket's full Megatron tensors from the pieces that
+ranks hold; the push to separate rollout workers (``rlcore.weight_sync.push``) maps its shared memory the same way.
 
 A bucket is one flat buffer holding full HF tensors. Every piece of it (a TP shard, a pipeline stage's whole tensor,
 an expert-parallel rank's expert) is supplied by exactly one *writer* rank, the lowest rank holding it.
