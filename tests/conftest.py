@@ -3,14 +3,14 @@ pytest-xdist worker whose tests use it), from the warm start the repository's co
 run; each test that asks for the run gets it restored to the state its training ended in."""
 import pytest
 
-from runs import SHORT_QUICKSTART  # (the repository's conftest.py puts tests/ on sys.path, and holds warm_start_cache)
+# the repository's conftest.py puts tests/ on sys.path, and holds warm_start_cache
+from runs import SHORT_QUICKSTART, prepared_model
 
 
 @pytest.fixture(scope="session")
 def quickstart_model(warm_start_cache) -> str:
     """The quickstart's starting checkpoint (its warm start: an HF directory), as its runs find it in the cache."""
-    [entry] = [p for p in warm_start_cache.iterdir() if p.is_dir()]
-    return str(entry)
+    return prepared_model("quickstart", warm_start_cache, ["qwen3", "grpo", "vllm"])
 
 
 @pytest.fixture(scope="session")

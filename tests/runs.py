@@ -192,14 +192,15 @@ def build_warm_start_cache(tmp_path_factory, preset: str, plugins: list[str]) ->
 
     shared = shared_tmp(tmp_path_factory) / f"warm_start_{preset}"
     with FileLock(f"{shared}.lock"):
-        built = _prepare_model(preset, shared, plugins)
+        built = prepared_model(preset, shared, plugins)
     cache = tmp_path_factory.mktemp(f"warm_start_cache_{preset}")
     shutil.copytree(built, cache / os.path.basename(built))
     return cache
 
 
-def _prepare_model(preset: str, cache, plugins: list[str]) -> str:
-    """The preset's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path."""
+def prepared_model(preset: str, cache, plugins: list[str]) -> str:
+    """The preset's starting checkpoint in ``cache`` (at once when cached), as its runs prepare it; its path. A
+    cache can hold several (runs with other warm-start settings add theirs)."""
     import torch
 
     from rlcore.config import load_config
