@@ -97,6 +97,19 @@ def test_a_limitation_must_name_a_check():
             limitations = {"seeds_reproduce": "a typo"}
 
 
+def test_a_check_that_does_not_apply_is_not_a_test_of_the_class():
+    class TestNoRelease(RolloutContract):
+        factory = RegisteredBackend("hf")
+        not_applicable = {"release_and_resume_memory": "keeps its model"}
+
+    assert TestNoRelease.test_release_and_resume_memory is None
+    assert callable(TestNoRelease.test_seeds_reproduce_samples) and callable(RolloutContract.test_release_and_resume_memory)
+    with pytest.raises(KeyError, match="TestOops.not_applicable names checks that do not exist"):
+        class TestOops(RolloutContract):
+            factory = RegisteredBackend("hf")
+            not_applicable = {"release_memory": "a typo"}
+
+
 class Releasing(Buggy):
     """The transformers backend as if it could release memory, recording the calls."""
     can_release_memory = True

@@ -6,3 +6,5 @@ from rlcore_testing.rollout_pytest import RolloutContract
 
 class TestHFContract(RolloutContract):
     factory = RegisteredBackend("hf")
+    not_applicable = {"release_and_resume_memory": "the transformers backend keeps its model (can_release_memory "
+                                                   "is false)"}

@@ -9,6 +9,7 @@ if importlib.util.find_spec("sglang") is None:
     pytest.skip("SGLang is not installed (contrib/rollout/sglang/requirements-sglang.txt)", allow_module_level=True)
 
 import psutil
+import torch
 
 from rlcore_testing.rollout import RegisteredBackend
 from rlcore_testing.rollout_pytest import RolloutContract
@@ -41,6 +42,8 @@ def small_buckets_and_a_bystander():
 class TestSGLangContract(RolloutContract):
     factory = RegisteredBackend("sglang")
     limitations = LIMITATIONS
+    not_applicable = {} if torch.cuda.is_available() else {
+        "release_and_resume_memory": "SGLang's memory saver is CUDA-only: on CPU it cannot release memory"}
 
     def test_stop_ends_only_the_engines_processes(self, rollout_contract, small_buckets_and_a_bystander):
         engine = rollout_contract.engine

@@ -3,6 +3,7 @@ vLLM allows one in-process engine per process, and the test session's quickstart
 import importlib.util
 
 import pytest
+import torch
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed", allow_module_level=True)
@@ -16,6 +17,8 @@ pytestmark = [pytest.mark.slow]
 class TestVLLMContract(RolloutContract):
     factory = RegisteredBackend("vllm")
     in_subprocess = True
+    not_applicable = {} if torch.cuda.is_available() else {
+        "release_and_resume_memory": "vLLM's CPU build has no sleep mode: it cannot release memory"}
 
 
 def test_an_async_rollout_worker_at_tp_above_1_is_refused_in_one_line():

@@ -10,7 +10,8 @@ contract as a class (``contrib/rollout/*/tests/test_*_contract.py``)::
     class TestVLLMContract(RolloutContract):
         factory = RegisteredBackend("vllm")
         in_subprocess = True
-        limitations = {"seeds_reproduce_samples": "why, and what would lift it"}
+        limitations = {"seeds_reproduce_samples": "why, and what would lift it"}       # strict xfails
+        not_applicable = {"release_and_resume_memory": "what the backend does not do here"}   # not collected
 
 One engine serves the class (an engine start is the expensive part). It is built by the backend's registered
 factory, as a run builds it, from a tiny random Qwen3 checkpoint (fp32; head_dim 32, the smallest vLLM's CPU

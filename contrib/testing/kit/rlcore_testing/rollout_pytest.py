@@ -106,19 +106,24 @@ class RolloutContract:
     """Subclass it as ``Test<Backend>Contract`` and pytest runs one test per check (``test_<check>``) on one engine
     for the class, built by ``factory(model_path)`` (picklable when ``in_subprocess``: the engine, the reference and
     the checks then run in a child process). ``limitations``: {check: reason} for known, documented limitations, run
-    as strict xfails; a name that is no check is refused when the class is defined."""
+    as strict xfails; ``not_applicable``: {check: why} for checks of what the backend does not do here (releasing
+    memory on CPU), not collected; a name that is no check is refused when the class is defined."""
     factory: Factory
     in_subprocess: bool = False
     limitations: dict[str, str] = {}
+    not_applicable: dict[str, str] = {}
     tolerance: float = LOGPROB_TOLERANCE
     hf_config: dict | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        unknown = set(cls.limitations) - set(CHECKS)
-        if unknown:
-            raise KeyError(f"{cls.__name__}.limitations names checks that do not exist: {sorted(unknown)} "
-                           f"(checks: {sorted(CHECKS)})")
+        for kind in ("limitations", "not_applicable"):
+            unknown = set(getattr(cls, kind)) - set(CHECKS)
+            if unknown:
+                raise KeyError(f"{cls.__name__}.{kind} names checks that do not exist: {sorted(unknown)} "
+                               f"(checks: {sorted(CHECKS)})")
+        for name in cls.not_applicable:
+            setattr(cls, f"test_{name}", None)     # not a test of this class: pytest collects no test_<name>
 
     @pytest.fixture(scope="class")
     def rollout_contract(self, tmp_path_factory):
