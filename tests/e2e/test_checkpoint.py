@@ -113,7 +113,7 @@ def test_export_writes_the_actor_of_a_checkpoint_saved_at_another_layout(tmp_pat
     logits = model(ids).logits
     assert torch.equal(logits, reference(ids).logits)
     # vLLM serves the exported files: its teacher-forced logprobs equal transformers'
-    from rlcore_testing.rollout import RegisteredBackend
+    from rlcore_testing.contract import RegisteredBackend
     from rlcore_testing.rollout_pytest import score_in_child
 
     vllm = RegisteredBackend("vllm", max_model_len=model.config.max_position_embeddings)

@@ -19,7 +19,7 @@ from rlcore.rollout import pausable
 from rlcore.rollout.pausable import PausableEngine, continuation_seed
 from rlcore.rollout.requests import run, sample
 from rlcore.specs import Completion, RolloutBackend, Sampling
-from rlcore_testing.rollout import LOGPROB_TOLERANCE, RegisteredBackend, contract_hf_config, write_word_tokenizer
+from rlcore_testing.contract import LOGPROB_TOLERANCE, RegisteredBackend, contract_hf_config, write_word_tokenizer
 
 # --------------------------------------------------------------------------------------------------------------------
 # A scripted engine.

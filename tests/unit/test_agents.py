@@ -6,7 +6,7 @@ import pytest
 from rlcore.rollout.agents import SingleTurn
 from rlcore.rollout.requests import episodes, sample
 from rlcore.specs import Agent, Sampling
-from rlcore_testing.rollout import RegisteredBackend, build_contract
+from rlcore_testing.contract import RegisteredBackend, build_contract
 from rlcore.trajectory import Trajectory, to_batch
 
 

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from rlcore.specs import Completion, RolloutBackend
-from rlcore_testing.rollout import CHECKS, RegisteredBackend, build_contract
+from rlcore_testing.contract import RegisteredBackend, build_contract
+from rlcore_testing.rollout import CHECKS
 from rlcore_testing.rollout_pytest import RolloutContract
 
 

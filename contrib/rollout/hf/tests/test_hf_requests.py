@@ -10,7 +10,7 @@ from rlcore.megatron.model import read_hf_weights
 from rlcore.rollout.requests import run
 from rlcore.specs import Sampling
 from rlcore_testing.models import write_checkpoint
-from rlcore_testing.rollout import contract_hf_config
+from rlcore_testing.contract import contract_hf_config
 from rlcore_rollout_hf import HFRollout
 
 PROMPT, OTHER = [7, 3, 11, 5, 2, 9, 4], [3, 1, 4]

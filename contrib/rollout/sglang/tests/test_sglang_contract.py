@@ -11,7 +11,7 @@ if importlib.util.find_spec("sglang") is None:
 import psutil
 import torch
 
-from rlcore_testing.rollout import RegisteredBackend
+from rlcore_testing.contract import RegisteredBackend
 from rlcore_testing.rollout_pytest import RolloutContract
 
 pytestmark = [pytest.mark.slow]

@@ -8,7 +8,7 @@ import torch
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed", allow_module_level=True)
 
-from rlcore_testing.rollout import RegisteredBackend
+from rlcore_testing.contract import RegisteredBackend
 from rlcore_testing.rollout_pytest import RolloutContract
 
 pytestmark = [pytest.mark.slow]

@@ -27,7 +27,7 @@ from rlcore.config.schema import RolloutConfig
 from rlcore.lora.peft import ADAPTER_WEIGHTS
 from rlcore.plugins import load_plugins
 from rlcore_testing.models import write_checkpoint
-from rlcore_testing.rollout import contract_hf_config, reference_logprobs, write_word_tokenizer
+from rlcore_testing.contract import contract_hf_config, reference_logprobs, write_word_tokenizer
 
 path = sys.argv[1]
 hf_config = contract_hf_config()

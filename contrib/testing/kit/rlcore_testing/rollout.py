@@ -4,7 +4,7 @@ transformers.
 The checks are here; ``rlcore_testing.rollout_pytest`` runs them as tests. A backend's test module gets the whole
 contract as a class (``contrib/rollout/*/tests/test_*_contract.py``)::
 
-    from rlcore_testing.rollout import RegisteredBackend
+    from rlcore_testing.contract import RegisteredBackend
     from rlcore_testing.rollout_pytest import RolloutContract
 
     class TestVLLMContract(RolloutContract):
@@ -13,9 +13,10 @@ contract as a class (``contrib/rollout/*/tests/test_*_contract.py``)::
         limitations = {"seeds_reproduce_samples": "why, and what would lift it"}       # strict xfails
         not_applicable = {"release_and_resume_memory": "what the backend does not do here"}   # not collected
 
-One engine serves the class (an engine start is the expensive part). It is built by the backend's registered
-factory, as a run builds it, from a tiny random Qwen3 checkpoint (fp32; head_dim 32, the smallest vLLM's CPU
-attention takes) that transformers also loads: transformers is the reference for every number. With
+The setting (the backend built as a run builds it, the checkpoint, its reference, the prompts) is
+``rlcore_testing.contract``'s. One engine serves the class (an engine start is the expensive part). It is built by
+the backend's registered factory, as a run builds it, from a tiny random Qwen3 checkpoint (fp32; head_dim 32, the
+smallest vLLM's CPU attention takes) that transformers also loads: transformers is the reference for every number. With
 ``in_subprocess`` the engine, the reference and the checks live in a spawned child process (vLLM allows one
 in-process engine per process) and each test asks it to run one check. Requests go to the engine concurrently, as
 ``rlcore.rollout.requests.sample`` sends a batch; the checks, each a test named ``test_<check>``:
@@ -40,7 +41,8 @@ in-process engine per process) and each test asks it to run one check. Requests 
   changes the outputs, which then equal transformers on those weights and report that version; pushing the
   checkpoint back restores the first outputs;
 - ``release_and_resume_memory``: where ``can_release_memory``, the hybrid engine's order (release, resume weights,
-  push, resume the KV cache) gives the same outputs as before (skipped where it cannot);
+  push, resume the KV cache) gives the same outputs as before (a backend's contract names it ``not_applicable``
+  where it cannot);
 - ``stop_is_idempotent``: ``stop()`` twice (the last check: it ends the module's engine).
 
 Known limitations of a backend are a table ``{check: reason}``: those checks become strict xfails, so the table
@@ -50,74 +52,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import pytest
 import torch
 
 from rlcore.rollout.requests import run, sample
-from rlcore.specs import Completion, RolloutBackend, Sampling
-
-# fp32 on CPU, the largest difference from transformers' logprobs over all the checks, measured: vLLM 3.5e-7, SGLang
-# 4.8e-7, transformers' backend 3.6e-7 (batched with left padding); T = 1's logprobs are 0.13-0.17 from T = 0.7's
-LOGPROB_TOLERANCE = 2e-6
-TEMPERATURE = 0.7
-MAX_TOKENS = 8
-MAX_MODEL_LEN = 128
-GREEDY_MARGIN = 1e-2        # the chosen prompts' greedy steps win by this much (logprob), so no backend can flip one
-LONG_TOKENS = 32            # the aborted request's budget: the length prompt's greedy run has no eos within it
-
-Factory = Callable[[str], RolloutBackend]
-
-
-def contract_hf_config() -> dict:
-    """The tiny Qwen3 every backend runs (the qwen3 plugin's config, so it is the architecture rlcore trains)."""
-    from rlcore.plugins import load_plugins
-
-    spec = load_plugins(["qwen3"]).registry.get("models", "qwen3")
-    return spec.tiny_hf_config(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32,
-                               ffn_hidden_size=128, max_position_embeddings=256)
-
-
-@dataclass(frozen=True)
-class RegisteredBackend:
-    """A picklable factory: the backend registered as ``name`` by plugin ``plugin`` (default: the same name), built
-    the way the trainer builds it (one process, rollout.tp=1, a small KV cache)."""
-    name: str
-    plugin: str = ""
-    kv_cache_gib: float = 0.01
-    max_model_len: int = MAX_MODEL_LEN
-
-    def __call__(self, model_path: str) -> RolloutBackend:
-        from rlcore.config.schema import RolloutConfig
-        from rlcore.plugins import load_plugins
-
-        spec = load_plugins([self.plugin or self.name]).registry.get("rollout_backends", self.name)
-        cfg = RolloutConfig(backend=self.name, kv_cache_gib=self.kv_cache_gib, tp=1)
-        return spec.factory(model_path, cfg, seed=0, max_model_len=self.max_model_len, distributed=False)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The reference: transformers on the same checkpoint.
-
-def write_word_tokenizer(path: str, vocab_size: int, eos_token_id: int) -> None:
-    """A one-word-per-id tokenizer: vLLM loads a tokenizer even when fed token ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = [f"t{i}" for i in range(vocab_size)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[eos_token_id]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    eos = words[eos_token_id]
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos).save_pretrained(path)
-
-
-def reference_logprobs(model, sequence: Sequence[int], start: int, temperature: float = 1.0) -> torch.Tensor:
-    """transformers' log_softmax(logits / T) [len - start, vocab] predicting ``sequence[j]`` for j >= start."""
-    with torch.no_grad():
-        logits = model(torch.tensor([list(sequence)])).logits[0].double()
-    return torch.log_softmax(logits[start - 1:len(sequence) - 1] / temperature, -1)
+from rlcore.specs import Completion, Sampling
+from rlcore_testing.contract import (LONG_TOKENS, MAX_TOKENS, TEMPERATURE, Contract, greedy_continuation,
+                                     reference_logprobs)
 
 
 def _taken(logp: torch.Tensor, tokens: Sequence[int]) -> list[float]:
@@ -127,53 +70,6 @@ def _taken(logp: torch.Tensor, tokens: Sequence[int]) -> list[float]:
 def _max_diff(a: Sequence[float], b: Sequence[float]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
-
-
-def _greedy(model, prompt: list[int], max_tokens: int, eos: int) -> tuple[list[int], float]:
-    """transformers' greedy continuation (up to and including eos) and its smallest top-1 / top-2 logprob gap."""
-    tokens: list[int] = []
-    margin = math.inf
-    for _ in range(max_tokens):
-        logp = reference_logprobs(model, prompt + tokens + [0], len(prompt) + len(tokens))[-1]
-        top = logp.topk(2).values
-        margin = min(margin, (top[0] - top[1]).item())
-        tokens.append(int(logp.argmax()))
-        if tokens[-1] == eos:
-            break
-    return tokens, margin
-
-
-def _pick_prompts(model, vocab_size: int, eos: int) -> tuple[list[int], list[int]]:
-    """A prompt whose greedy continuation reaches eos after a few tokens, and one that runs to MAX_TOKENS, both with
-    every step decided by at least GREEDY_MARGIN; the second has no eos within LONG_TOKENS either."""
-    g = torch.Generator().manual_seed(0)
-    stop = length = None
-    for _ in range(400):
-        prompt = torch.randint(1, vocab_size, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
-        tokens, margin = _greedy(model, prompt, MAX_TOKENS, eos)
-        if margin < GREEDY_MARGIN:
-            continue
-        if stop is None and tokens[-1] == eos and 2 <= len(tokens) < MAX_TOKENS:
-            stop = prompt
-        elif length is None and eos not in tokens and eos not in _greedy(model, prompt, LONG_TOKENS, eos)[0]:
-            length = prompt
-        if stop and length:
-            return stop, length
-    raise RuntimeError("no prompt of the contract's checkpoint ends greedily at eos (or none runs to the end)")
-
-
-@dataclass
-class Contract:
-    """What the checks share: the engine under test, transformers on the same checkpoint, prompts."""
-    engine: RolloutBackend
-    reference: Any                  # transformers' model of the checkpoint
-    path: str
-    hf_config: dict
-    eos: int
-    stop_prompt: list[int]          # greedy: reaches eos after 2..MAX_TOKENS-1 tokens
-    length_prompt: list[int]        # greedy: no eos within MAX_TOKENS
-    prompts: list[list[int]]        # the two above and one more, of three lengths
-    tolerance: float
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -211,14 +107,14 @@ def _assert_finish_reason(gen: Completion, eos: int) -> None:
 def check_finish_reasons(c: Contract) -> None:
     """The reason must match where generation really ended: the reward and the masks depend on eos being there."""
     stop, length = _sample(c, [c.stop_prompt, c.length_prompt], 1, 0.0)
-    expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
+    expected, _ = greedy_continuation(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
     assert (stop[0].finish_reason, stop[0].tokens) == ("stop", expected), (stop[0], expected)
     assert length[0].finish_reason == "length" and len(length[0].tokens) == MAX_TOKENS, length[0]
 
 
 def check_stop_token_ids(c: Contract) -> None:
     """A stop id ends the response where it is sampled, kept as its last token: how an agent stops at a tool call."""
-    expected, _ = _greedy(c.reference, c.length_prompt, MAX_TOKENS, c.eos)      # no eos within MAX_TOKENS
+    expected, _ = greedy_continuation(c.reference, c.length_prompt, MAX_TOKENS, c.eos)   # no eos within MAX_TOKENS
     stop_id = expected[2]
     greedy = Sampling(MAX_TOKENS, 0.0, stop_token_ids=(stop_id,))
     out = run(c.engine.generate(c.length_prompt, greedy, None, "stop-id"))
@@ -228,7 +124,7 @@ def check_stop_token_ids(c: Contract) -> None:
 def check_min_tokens(c: Contract) -> None:
     """Before ``min_tokens`` eos is not sampled: greedy takes the runner-up where eos would have been, and the
     response runs on (how a workload asks for a response of a given length)."""
-    expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)        # eos after 2..MAX_TOKENS-1 tokens
+    expected, _ = greedy_continuation(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)   # eos after 2..MAX_TOKENS-1
     out = run(c.engine.generate(c.stop_prompt, Sampling(MAX_TOKENS, 0.0, min_tokens=MAX_TOKENS), None, "min-tokens"))
     assert out.finish_reason == "length" and len(out.tokens) == MAX_TOKENS and c.eos not in out.tokens, out
     assert out.tokens[:len(expected) - 1] == expected[:-1], (out.tokens, expected)
@@ -249,7 +145,7 @@ def check_abort(c: Contract) -> None:
 
     aborted, finished = run(abort_beside_another())
     unaborted = run(c.engine.generate(c.length_prompt, long, None, "long-again"))
-    expected, _ = _greedy(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
+    expected, _ = greedy_continuation(c.reference, c.stop_prompt, MAX_TOKENS, c.eos)
     assert (finished.finish_reason, finished.tokens) == ("stop", expected), finished
     assert aborted.finish_reason == "abort" and len(aborted.tokens) < LONG_TOKENS, aborted
     assert unaborted.finish_reason == "length" and len(unaborted.tokens) == LONG_TOKENS, unaborted
@@ -291,7 +187,7 @@ def check_logprobs_after_temperature(c: Contract) -> None:
     assert from_t1 > 100 * c.tolerance, f"sampled logprobs are within {from_t1:.1e} of T=1's: not after temperature"
 
 
-def _assert_greedy(c: Contract, model, prompts: list[list[int]], out: list[list[Completion]]) -> float:
+def _assertgreedy(c: Contract, model, prompts: list[list[int]], out: list[list[Completion]]) -> float:
     """Every greedy token is ``model``'s argmax (up to the tolerance), its logprob the model's and ``score``'s."""
     scored = c.engine.score([p + o[0].tokens for p, o in zip(prompts, out)], [len(p) for p in prompts])
     worst = 0.0
@@ -309,7 +205,7 @@ def _assert_greedy(c: Contract, model, prompts: list[list[int]], out: list[list[
 def check_greedy_equals_score(c: Contract) -> None:
     """Generation and teacher-forced scoring are one model: the engine check after a sync relies on score."""
     out = _sample(c, c.prompts, 1, 0.0)
-    print(f"greedy logprobs / score vs transformers: {_assert_greedy(c, c.reference, c.prompts, out):.1e}")
+    print(f"greedy logprobs / score vs transformers: {_assertgreedy(c, c.reference, c.prompts, out):.1e}")
 
 
 def check_score_from_any_start(c: Contract) -> None:
@@ -347,7 +243,7 @@ def check_update_weights(c: Contract) -> None:
         assert all(o[0].versions == (version, version) for o in after), [o[0].versions for o in after]
         updated = AutoModelForCausalLM.from_config(c.reference.config).float().eval()
         updated.load_state_dict(new)
-        worst = _assert_greedy(c, updated, c.prompts, after)
+        worst = _assertgreedy(c, updated, c.prompts, after)
         print(f"after update_weights, greedy logprobs / score vs transformers on the new weights: {worst:.1e}")
     finally:
         c.engine.update_weights(_checkpoint_weights(c), version + 1)    # the other checks expect these weights
@@ -396,17 +292,3 @@ CHECKS: dict[str, Callable[[Contract], None]] = {
     "release_and_resume_memory": check_release_and_resume_memory,
     "stop_is_idempotent": check_stop_is_idempotent,       # last: it ends the engine
 }
-
-
-def build_contract(factory: Factory, path: str, tolerance: float = LOGPROB_TOLERANCE,
-                   hf_config: dict | None = None) -> Contract:
-    """Writes the checkpoint (and a tokenizer) to ``path``, picks the prompts, starts the engine."""
-    from rlcore_testing.models import write_checkpoint
-
-    hf_config = hf_config or contract_hf_config()
-    reference = write_checkpoint(hf_config, path)
-    eos = hf_config["eos_token_id"]
-    write_word_tokenizer(path, hf_config["vocab_size"], eos)
-    stop, length = _pick_prompts(reference, hf_config["vocab_size"], eos)
-    prompts = [stop, length, [7, 3, 11, 5, 2, 9, 4]]
-    return Contract(factory(path), reference, path, hf_config, eos, stop, length, prompts, tolerance)

@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore_testing.rollout import CHECKS, LOGPROB_TOLERANCE, Contract, Factory, build_contract
+from rlcore_testing.contract import LOGPROB_TOLERANCE, Contract, Factory, build_contract
+from rlcore_testing.rollout import CHECKS
 
 # --------------------------------------------------------------------------------------------------------------------
 # The contract in a child process: vLLM allows one in-process engine per process, and a test session may host one.
