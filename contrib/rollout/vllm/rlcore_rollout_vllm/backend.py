@@ -81,7 +81,9 @@ class VLLMRollout(RolloutBackend):
 
         params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
-                                min_tokens=sampling.min_tokens, logprobs=0, seed=seed, detokenize=False, output_kind=RequestOutputKind.DELTA)
+                                min_tokens=sampling.min_tokens, logprobs=0, seed=seed, detokenize=False,
+                                output_kind=RequestOutputKind.DELTA,
+                                skip_clone=True)    # made for this request alone: vLLM's deep copy of it is waste
         submit = lambda: self.llm.llm_engine.add_request(request_id, _token_prompts([tokens])[0], params,  # noqa: E731
                                                          lora_request=self._lora_request())
         return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort)
