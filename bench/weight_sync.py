@@ -45,17 +45,16 @@ SMOKE_VOCAB = 512
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2), "tp2xpp2": (4, 2, 2)}   # world, tp, pp
 
 
-def make_checkpoint(directory: str, dtype: str, smoke: bool = False) -> None:
-    """Random HF Qwen3 checkpoint of the benchmark shape (``smoke``: SMOKE_SHAPE) (no model init: tensors are filled
-    directly)."""
+def make_checkpoint(directory: str, dtype: str, shape: dict = SHAPE, vocab: int = VOCAB) -> None:
+    """Random HF Qwen3 checkpoint of ``shape`` (no model init: tensors are filled directly, std 0.02), with the
+    arithmetic task's character tokenizer (its ids are the lowest of ``vocab``)."""
     import torch
     from safetensors.torch import save_file
 
     from rlcore_model_qwen3.plugin import QWEN3
     from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 
-    hf = QWEN3.tiny_hf_config(vocab_size=SMOKE_VOCAB, **SMOKE_SHAPE) if smoke else \
-        QWEN3.tiny_hf_config(vocab_size=VOCAB, **SHAPE)
+    hf = QWEN3.tiny_hf_config(vocab_size=vocab, **shape)
     hf["dtype"] = dtype
     write_char_tokenizer(directory)
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -211,7 +210,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
-        make_checkpoint(ckpt, args.dtype, args.smoke)
+        make_checkpoint(ckpt, args.dtype, *((SMOKE_SHAPE, SMOKE_VOCAB) if args.smoke else (SHAPE, VOCAB)))
         params, failed, worst_ratio = None, [], None
         columns = ["backend", "layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
                    "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest",
