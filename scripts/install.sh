@@ -6,7 +6,8 @@
 #   2. vLLM (its CPU build where there is no GPU), then drop the CUDA torchvision/torchaudio/torchcodec it pulls,
 #      which break transformers' model imports and are not needed for text models,
 #   3. rlcore and the plugins, editable (tests/e2e/test_wheel_install.py checks that their wheels work as well),
-#   4. on CPU, SGLang for rlcore-rollout-sglang (contrib/rollout/sglang/README.md).
+#   4. on CPU, SGLang for rlcore-rollout-sglang (contrib/rollout/sglang/README.md),
+#   5. TRL, the peer bench/trl_side_by_side.py measures against, in a venv of its own layered on this one (.venv-trl).
 # Every step installs the versions locked in scripts/constraints.txt (the tested stack; scripts/lock.sh writes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +32,5 @@ $PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qw
 if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   $PIP install -q --no-deps $LOCK -r contrib/rollout/sglang/requirements-sglang.txt
 fi
+.venv/bin/python bench/trl_side_by_side.py --prepare > /dev/null
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"

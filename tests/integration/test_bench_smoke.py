@@ -15,21 +15,24 @@ RATIO = r"-?\d+\.\d+"
 
 # each script and the shape of its summary line, the last line it prints
 SMOKES = {
-    "async_throughput.py": rf"async speedup n/a quickstart, {RATIO} long-tailed",
+    "async_throughput.py": rf"async speedup n/a quickstart, {RATIO} long-tailed, {RATIO} slow-world",
     "checkpoint_save.py": rf"tp2 +\d+M( +{RATIO}){{4}}( +\d+){{2}} +{RATIO}x, {RATIO}x",
     "dispatch.py": rf"worst dispatch ratio to the copy floor {RATIO}x \(\d+ MB batch, 2 workers\)",
     "load_memory.py": rf"worst load ratio {RATIO}, worst export ratio {RATIO}",
     "long_responses.py": rf"logits 32 tokens at a time: -?\d+ MB less peak memory than all at once, {RATIO}x its "
                          r"throughput",
     "lora_memory.py": rf"lora optimizer state {RATIO}% of full",
+    "rollout_floor.py": rf"worst per-request/offline {RATIO}x \(vllm (quickstart|long)\)",
     "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
                          r"(NOT )?MET",
+    "trl_side_by_side.py": rf"rlcore/TRL step time {RATIO}x, final accuracy {RATIO} vs {RATIO}",
     "weight_push.py": rf"push shm/collectives {RATIO}x",
     "weight_sync.py": rf"worst sync/ingest {RATIO}x \(vllm tp2\)",
 }
 # modules the scripts use rather than run, and the smokes that run them: process_memory (each process's resident and
 # peak memory) is imported by load_memory and lora_memory; long_tail/bench_long_tail (the long_tail agent and
-# answer_before_tail reward, a plugin through its dist-info on PYTHONPATH) is async_throughput's long-tailed workload
+# answer_before_tail reward, the slow_tool agent: a plugin through its dist-info on PYTHONPATH) is async_throughput's
+# long-tailed and slow-world workloads
 HELPERS = {"process_memory.py": ["load_memory.py", "lora_memory.py"],
            "long_tail/bench_long_tail.py": ["async_throughput.py"]}
 
