@@ -1,5 +1,11 @@
-"""bench/async_throughput.py's long-tailed workload, as a plugin (``--plugins=...,long_tail rollout.agent=long_tail
-task.reward=answer_before_tail``; this folder on PYTHONPATH makes it an installed distribution).
+"""bench/async_throughput.py's long-tailed and slow-world workloads, as a plugin (``--plugins=...,long_tail
+rollout.agent=long_tail task.reward=answer_before_tail``, or ``rollout.agent=slow_tool``; this folder on PYTHONPATH
+makes it an installed distribution).
+
+``slow_tool``: the episode answers as ``single_turn`` does, then calls a remote service (a judge, a search API, a
+sandbox on another host) whose reply takes real wall time: TOOL_SECONDS for most calls, SLOW_SECONDS for LONG_SHARE
+of them, drawn from the episode's seed. The engine and the trainer have nothing to do meanwhile; the reply adds
+nothing to the trajectory, so the run learns exactly as the quickstart's. Evaluations (temperature 0) make no call.
 
 The quickstart's tiny model answers an addition in a few tokens, so response length has to be made: the
 ``long_tail`` agent asks the engine for the answer as ``single_turn`` does, then draws a length L for the episode
@@ -14,6 +20,7 @@ evaluations cost the same in both workloads. ``answer_before_tail`` is the task'
 only (the agent records its length in the trajectory's metadata)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -26,6 +33,8 @@ MEDIAN = 8             # tail tokens of the median episode
 LONG_SHARE = 0.1       # episodes whose tail is LONG_FACTOR x MEDIAN
 LONG_FACTOR = 10
 SEPARATOR = "*"        # never part of an addition prompt or answer
+TOOL_SECONDS = (0.1, 0.3)   # slow_tool: a call's reply time, uniform in this range, ...
+SLOW_SECONDS = 1.0          # ... or this for LONG_SHARE of the calls
 
 
 def tail_length(seed: int | str) -> int:
@@ -73,6 +82,22 @@ class LongTail(Agent):
                           version=answer.versions, finish=answer.finish_reason, metadata=answered)
 
 
+def tool_seconds(seed: int | str) -> float:
+    """How long the episode's call to the remote service takes, fixed by its seed."""
+    rng = random.Random(f"slow-tool/{seed}")
+    return SLOW_SECONDS if rng.random() < LONG_SHARE else rng.uniform(*TOOL_SECONDS)
+
+
+class SlowTool(Agent):
+    async def run(self, prompt: list[int], metadata: dict, engine: RolloutBackend, sampling: Sampling,
+                  seed: int | None, request_id: str) -> Trajectory:
+        answer = await engine.generate(prompt, sampling, seed, request_id)
+        if sampling.temperature > 0:                       # evaluation reads the answer alone
+            await asyncio.sleep(tool_seconds(request_id if seed is None else seed))
+        return Trajectory.single_turn(prompt, answer.tokens, answer.logprobs, version=answer.versions,
+                                      finish=answer.finish_reason, metadata=metadata)
+
+
 def answer_before_tail(responses: list[str], metadata: list[dict]) -> list[float]:
     """1.0 when the answer (the response's first ``answer_chars`` characters), stripped, equals
     ``metadata['answer']``."""
@@ -81,7 +106,8 @@ def answer_before_tail(responses: list[str], metadata: list[dict]) -> list[float
 
 @hookimpl
 def rlcore_agents():
-    return [AgentSpec("long_tail", lambda model_path, cfg, registry: LongTail(model_path))]
+    return [AgentSpec("long_tail", lambda model_path, cfg, registry: LongTail(model_path)),
+            AgentSpec("slow_tool", lambda model_path, cfg, registry: SlowTool())]
 
 
 @hookimpl
