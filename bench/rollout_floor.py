@@ -1,7 +1,7 @@
 """The rollout phase against the engine's floor: rlcore's per-request path against the same engine's own offline
 batch generate, on the same prompts, seeds and lengths, for each rollout backend.
 
-    python bench/rollout_floor.py [--backend vllm,sglang] [--repeats 5] [--profile] [--smoke]
+    python bench/rollout_floor.py [--backend vllm,sglang] [--repeats N] [--profile] [--smoke]
 
 Two batches, each on its own model:
 - ``quickstart``: the quickstart's warm-started checkpoint (the warm-start cache runs use), the prompts of its first
@@ -9,12 +9,13 @@ Two batches, each on its own model:
 - ``long``: a random Qwen3 of the quickstart's shape (with 512 positions) and a 16k vocabulary, so that eos comes
   about once in 16k tokens and every response runs to its length: 16 prompts of 16 tokens x 8 samples of 256 tokens.
 
-Per backend (each in its own process) and batch: one warm-up of each path, then ``--repeats`` pairs alternating the
-per-request path (``rlcore.rollout.requests.episodes`` with the built-in single-turn agent: every sample its own
-``generate`` request, what the colocated source runs) and the offline one (vLLM: ``LLM.generate``, one request of
-n samples per prompt; SGLang: ``Engine.generate`` of the whole batch at once), each with token logprobs. A pair's
-ratio is of seconds per generated token (the paths draw the same tokens where the engine seeds each request: vLLM;
-"same samples" says how many agree), the median of the pairs is the row's. Goal (issue 39): <= 1.10x.
+Per backend (each in its own process) and batch: one warm-up of each path, then ``--repeats`` pairs (default:
+REPEATS: the quickstart's batch takes ~0.1 s and varies, the long one 10-30 s) alternating the per-request path
+(``rlcore.rollout.requests.episodes`` with the built-in single-turn agent: every sample its own ``generate``
+request, what the colocated source runs) and the offline one (vLLM: ``LLM.generate``, one request of n samples per
+prompt; SGLang: ``Engine.generate`` of the whole batch at once), each with token logprobs. A pair's ratio is of
+seconds per generated token (the paths draw the same tokens where the engine seeds each request: vLLM; "same
+samples" says how many agree), the median of the pairs is the row's. Goal (issue 39): <= 1.10x.
 ``--profile``: cProfile of one per-request pass per batch, top functions by own time (stderr). Last line:
 ``worst per-request/offline <x>x (<backend> <batch>)``.
 ``--smoke`` (tests/integration/test_bench_smoke.py): vLLM unless ``--backend`` is given, 4 prompts x 2 samples per
@@ -37,6 +38,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 LONG = dict(prompts=16, prompt_len=16, n=8, max_tokens=256, vocab=16384)
 SMOKE_BATCH = dict(prompts=4, n=2)
+REPEATS = {"quickstart": 25, "long": 5}
 SMOKE_LONG = dict(LONG, prompts=4, n=2, max_tokens=16)
 
 
@@ -146,7 +148,7 @@ def measure(backend: str, args) -> list[dict]:
                 seconds: dict[str, list[float]] = {p: [] for p in paths}
                 tokens: dict[str, list[int]] = {p: [] for p in paths}
                 samples: dict[str, list] = {}
-                for _ in range(args.repeats):
+                for _ in range(args.repeats or REPEATS[name]):
                     for p, path in paths.items():
                         start = time.perf_counter()
                         samples[p] = path()
@@ -180,7 +182,8 @@ def profile(run, name: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", help="rollout backends, comma-separated (default: vllm,sglang; --smoke: vllm)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed pairs per batch, after a warm-up of each")
+    parser.add_argument("--repeats", type=int, help="timed pairs per batch, after a warm-up of each (default: "
+                                                    "REPEATS)")
     parser.add_argument("--profile", action="store_true", help="cProfile one per-request pass per batch (stderr)")
     parser.add_argument("--smoke", action="store_true", help="tiny batches, one repeat: a check that it runs")
     parser.add_argument("--measure-to", help=argparse.SUPPRESS)     # one backend's rows, in its own process
@@ -194,9 +197,10 @@ def main() -> int:
     rows = []
     for backend in (args.backend or ("vllm" if args.smoke else "vllm,sglang")).split(","):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run([sys.executable, __file__, "--backend", backend, "--repeats", str(args.repeats),
-                            "--measure-to", out.name, *(["--smoke"] if args.smoke else []),
-                            *(["--profile"] if args.profile else [])], check=True)
+            subprocess.run([sys.executable, __file__, "--backend", backend, "--measure-to", out.name,
+                            *(["--repeats", str(args.repeats)] if args.repeats else []),
+                            *(["--smoke"] if args.smoke else []), *(["--profile"] if args.profile else [])],
+                           check=True)
             rows += json.load(open(out.name))
     columns = ["backend", "batch", "samples", "tokens", "offline tokens", "same samples", "per-request s",
                "offline s", "per-request/offline"]
