@@ -46,16 +46,17 @@ ASYNC = ["trainer.mode=async", "trainer.world_size=1", "rollout.world_size=1"]  
 
 
 def trl_python() -> str:
-    """The TRL venv's interpreter, the venv made first if it is missing (pip, network)."""
-    python = os.path.join(TRL_VENV, "bin", "python")
-    if not os.path.exists(python):
-        subprocess.run([sys._base_executable, "-m", "venv", TRL_VENV], check=True)
+    """The TRL venv's interpreter, the venv made first unless a previous making finished (pip, network)."""
+    python, ready = os.path.join(TRL_VENV, "bin", "python"), os.path.join(TRL_VENV, "rlcore-ready")
+    if not os.path.exists(ready):
+        subprocess.run([sys._base_executable, "-m", "venv", "--clear", TRL_VENV], check=True)
         site_dir = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   check=True, capture_output=True, text=True).stdout.strip()
         with open(os.path.join(site_dir, "rlcore_venv.pth"), "w") as f:     # this venv's packages, .pth files too
             f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
         subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
                         *TRL_REQUIREMENTS], check=True)
+        open(ready, "w").close()
     return python
 
 

@@ -32,5 +32,6 @@ $PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qw
 if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   $PIP install -q --no-deps $LOCK -r contrib/rollout/sglang/requirements-sglang.txt
 fi
-.venv/bin/python bench/trl_side_by_side.py --prepare > /dev/null
+.venv/bin/python bench/trl_side_by_side.py --prepare > /dev/null \
+  || echo "note: TRL's venv (.venv-trl) was not made; bench/trl_side_by_side.py retries on its first run" >&2
 echo "rlcore installed in .venv ($(.venv/bin/python -c 'import rlcore; print(rlcore.__version__)'))"
