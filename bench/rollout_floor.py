@@ -24,6 +24,7 @@ batch (the quickstart's model as built, no warm start; the long batch's of 16 to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -47,16 +48,12 @@ def quickstart_checkpoint(overrides: list[str]):
     cached on first use, as ``rlcore run`` does)."""
     from rlcore.config import load_config
     from rlcore.plugins import load_plugins
-    from rlcore.rewards import build_rewards
-    from rlcore.warm_start import prepare_model
+    from rlcore.warm_start import starting_checkpoint
 
     cfg = load_config("quickstart", ["run.progress=false", *overrides])
     registry = load_plugins(["qwen3", "grpo"]).registry
-    task_spec = registry.get("tasks", cfg.task.name)
-    task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
-    checkpoint = prepare_model(cfg, registry.get("models", cfg.model.family), task,
-                               build_rewards(cfg.task, task_spec.default_reward, task.data_sources(), registry))
-    return cfg, task, checkpoint
+    task = registry.get("tasks", cfg.task.name).build(dict(cfg.task.options), cfg.run.seed)
+    return cfg, task, starting_checkpoint(cfg, registry)
 
 
 def quickstart_batch(args, cache: str | None):
@@ -86,7 +83,7 @@ def long_batch(args, directory: str):
 
     shape = SMOKE_LONG if args.smoke else LONG
     tiny = load_config("quickstart", []).model.tiny
-    make_checkpoint(directory, "float32", {**{k: getattr(tiny, k) for k in vars(tiny)}, "max_position_embeddings": 512},
+    make_checkpoint(directory, "float32", {**dataclasses.asdict(tiny), "max_position_embeddings": 512},
                     shape["vocab"])
     known = len(AutoTokenizer.from_pretrained(directory))     # prompt ids the engine's tokenizer knows
     rng = random.Random(0)
@@ -128,12 +125,12 @@ def measure(backend: str, args) -> list[dict]:
 
     torch.set_num_threads(1)
     spec = load_plugins([backend]).registry.get("rollout_backends", backend)
+    rollout_cfg = load_config("quickstart", []).rollout
     rows = []
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as long_dir:
         for name, batch in (("quickstart", lambda: quickstart_batch(args, cache)),
                             ("long", lambda: long_batch(args, long_dir))):
             checkpoint, prompts, n, sampling, seeds = batch()
-            rollout_cfg = load_config("quickstart", []).rollout
             max_len = json.load(open(os.path.join(checkpoint, "config.json")))["max_position_embeddings"]
             engine = spec.factory(checkpoint, rollout_cfg, seed=0, max_model_len=max_len)
             try:

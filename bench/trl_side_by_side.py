@@ -71,7 +71,7 @@ def rlcore_run(checkpoint: str, seed: int, steps: int, batch: dict, cores: int, 
                    stdout=subprocess.DEVNULL)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps_s = [row["time/step"] for row in map(json.loads, f) if "time/step" in row]
-    return dict(step_s=statistics.median(steps_s[1:] or steps_s), final=os.path.join(run_dir, "hf"))
+    return dict(step_s=after_first(steps_s), final=os.path.join(run_dir, "hf"))
 
 
 def trl_run(checkpoint: str, seed: int, steps: int, batch: dict, cores: int, out: str) -> dict:
@@ -80,8 +80,12 @@ def trl_run(checkpoint: str, seed: int, steps: int, batch: dict, cores: int, out
     subprocess.run([trl_python(), os.path.abspath(__file__), "--trl-run", json.dumps(spec)], check=True,
                    stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "steps.json")) as f:
-        steps_s = json.load(f)
-    return dict(step_s=statistics.median(steps_s[1:] or steps_s), final=os.path.join(out, "hf"))
+        return dict(step_s=after_first(json.load(f)), final=os.path.join(out, "hf"))
+
+
+def after_first(seconds: list[float]) -> float:
+    """The median step time, the first step (one-off warm-up costs) left out."""
+    return statistics.median(seconds[1:] or seconds)
 
 
 def trl_main(spec: dict) -> None:

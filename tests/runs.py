@@ -205,13 +205,8 @@ def prepared_model(preset: str, cache, plugins: list[str]) -> str:
 
     from rlcore.config import load_config
     from rlcore.plugins import load_plugins
-    from rlcore.rewards import build_rewards
-    from rlcore.warm_start import prepare_model
+    from rlcore.warm_start import starting_checkpoint
 
     cfg = load_config(preset, [f"warm_start.cache_dir={cache}"])
-    registry = load_plugins(plugins).registry
-    task_spec = registry.get("tasks", cfg.task.name)
-    task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
     with torch.random.fork_rng():       # the worker's random state stays as the tests after it expect
-        return prepare_model(cfg, registry.get("models", cfg.model.family), task,
-                             build_rewards(cfg.task, task_spec.default_reward, task.data_sources(), registry))
+        return starting_checkpoint(cfg, load_plugins(plugins).registry)

@@ -91,6 +91,17 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
     return target
 
 
+def starting_checkpoint(cfg: Config, registry) -> str:
+    """``prepare_model`` outside a run (benchmarks, tests): the config's task and rewards built from ``registry`` as
+    a run builds them."""
+    from rlcore.rewards import build_rewards
+
+    task_spec = registry.get("tasks", cfg.task.name)
+    task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
+    return prepare_model(cfg, registry.get("models", cfg.model.family), task,
+                         build_rewards(cfg.task, task_spec.default_reward, task.data_sources(), registry))
+
+
 @contextlib.contextmanager
 def _quiet_transformers():
     """No progress bar of transformers' own (its shard writer's) beside the warm start's."""

@@ -80,15 +80,10 @@ def test_addition_as_verl_parquet_learns_through_the_dataset_task(tmp_path, warm
     and 80 (one point of an oscillating curve: +0.075 on one machine, so no fixed margin)."""
     from rlcore.config import load_config
     from rlcore.plugins import load_plugins
-    from rlcore.rewards import build_rewards
-    from rlcore.warm_start import prepare_model
-    from rlcore_plugins.tasks.arithmetic import ADDITION
+    from rlcore.warm_start import starting_checkpoint
 
     cfg = load_config("quickstart", [f"warm_start.cache_dir={warm_start_cache}"])
-    registry = load_plugins(["qwen3", "grpo", "vllm"]).registry
-    addition = ADDITION.build(dict(cfg.task.options), cfg.run.seed)
-    model_path = prepare_model(cfg, registry.get("models", "qwen3"), addition,
-                               build_rewards(cfg.task, ADDITION.default_reward, {}, registry))
+    model_path = starting_checkpoint(cfg, load_plugins(["qwen3", "grpo", "vllm"]).registry)
     rlcore = [sys.executable, "-m", "rlcore.cli"]
     subprocess.run(rlcore + ["dataset", "task", "addition", str(tmp_path), "--train-size=3000"], check=True)
     run_dir = tmp_path / "run"
