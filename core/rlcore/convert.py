@@ -13,6 +13,7 @@ converts afterwards. ``tp_dim`` is the dimension Megatron splits (None: replicat
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Iterator, Mapping, Protocol
 
@@ -190,6 +191,13 @@ class WeightConverter:
                 for e in experts:
                     bound = _bind(rule, i, e)
                     self.by_megatron[bound.megatron] = bound
+
+    def replaced(self, rule: WeightRule) -> "WeightConverter":
+        """This converter with ``rule`` in place of the one for its Megatron name (a reward model's score head in
+        place of the vocabulary projection)."""
+        other = copy.copy(self)
+        other.by_megatron = {**self.by_megatron, rule.megatron: rule}
+        return other
 
     def rule(self, megatron_name: str) -> WeightRule:
         try:

@@ -121,7 +121,7 @@ def _one_value_as_list(schema: DictConfig, given: DictConfig) -> None:
 
 _RULES = [  # (key, predicate, what is allowed)
     ("run.seed", lambda v: v >= 0, "an integer >= 0"),
-    *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic") for key, ok, allowed in [
+    *[(f"{model}.{key}", ok, allowed) for model in ("actor", "critic", "reward_model") for key, ok, allowed in [
         ("micro_batch_size", lambda v: v >= 1, "an integer >= 1"),
         ("max_tokens_per_micro_batch", lambda v: v >= 0, "an integer >= 0 (0 = micro_batch_size rows each)"),
         ("mini_batches", lambda v: v >= 1, "an integer >= 1"),
@@ -142,6 +142,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("actor.old_logprobs", lambda v: v in ("auto", "actor", "rollout"), "auto, actor or rollout"),
     ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
     ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("reward_model.world_size", lambda v: v >= 0, "an integer >= 0 (0 = the world of the workers it scores for)"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.devices_per_node", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
@@ -194,6 +195,11 @@ def check_values(cfg: Config) -> None:
                           "actor.lora.rank (e.g. 16) to train adapters, or leave rollout.lora=merged")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
+    if cfg.reward_model.path:
+        rm_world = reward_model_world(cfg)
+        _check_layout("reward_model", cfg.reward_model, rm_world, "reward_model.world_size" if
+                      cfg.reward_model.world_size else "trainer.world_size" if cfg.trainer.mode == "colocated"
+                      else "rollout.world_size")
     # versions are optimizer updates (rlcore.rollout.staleness): a step makes up to mini_batches x epochs of them
     behind = (cfg.rollout.sync_every - 1) * cfg.actor.mini_batches * cfg.actor.epochs
     if cfg.trainer.mode == "async" and cfg.rollout.max_staleness < behind:
@@ -207,13 +213,15 @@ def check_values(cfg: Config) -> None:
                           f"{cfg.rollout.tp} (async mode: world_size / tp engine replicas of tp processes each)")
     elif cfg.trainer.mode == "colocated" and world % cfg.rollout.tp:
         raise ConfigError(f"trainer.world_size = {world} is not a multiple of rollout.tp = {cfg.rollout.tp}")
-    for key in ("model.path", "critic.model_path"):
+    for key in ("model.path", "critic.model_path", "reward_model.path"):
         given = _get(cfg, key)
         path = os.path.expanduser(given)
         if given and not os.path.isfile(os.path.join(path, "config.json")):
             what = "does not exist" if not os.path.exists(path) else "has no config.json"
-            default = ("leave model.path empty to build the task's tiny model" if key == "model.path"
-                       else "leave critic.model_path empty to start the critic from the actor's checkpoint")
+            default = {"model.path": "leave model.path empty to build the task's tiny model",
+                       "critic.model_path": "leave critic.model_path empty to start the critic from the actor's "
+                                            "checkpoint",
+                       "reward_model.path": "leave reward_model.path empty to score with reward functions only"}[key]
             raise ConfigError(f"{key} {given!r} {what}: give a Hugging Face checkpoint directory, or {default}")
         if given and not any(f.endswith(".safetensors") or f == CONVERTED for f in os.listdir(path)):
             raise ConfigError(f"{key} {given!r} has no *.safetensors weights (rlcore reads safetensors, or what "
@@ -245,6 +253,14 @@ def check_values(cfg: Config) -> None:
         raise ConfigError("config section 'algorithm' needs a 'name' (e.g. algorithm.name=grpo)")
 
 
+def reward_model_world(cfg: Config) -> int:
+    """The reward model's worker processes: its own count, else as many as the workers whose episodes it scores
+    (the trainer's in colocated mode, the rollout workers' in async mode)."""
+    if cfg.reward_model.world_size:
+        return cfg.reward_model.world_size
+    return cfg.trainer.world_size if cfg.trainer.mode == "colocated" else cfg.rollout.world_size
+
+
 def _check_layout(section: str, model, world: int, world_key: str) -> None:
     """A trained model's parallel sizes against the processes it runs on."""
     p = model.parallel
@@ -270,7 +286,7 @@ def check_runnable_here(cfg: Config) -> None:
 
     if torch.cuda.is_available():
         return
-    for section in ("actor", "critic"):
+    for section in ("actor", "critic", "reward_model"):
         model = getattr(cfg, section)
         if model.parallel.ep > 1 and model.parallel.tp > 1:
             raise ConfigError(f"{section}.parallel.ep > 1 with {section}.parallel.tp > 1 is not supported on CPU "

@@ -147,6 +147,18 @@ class CriticConfig(TrainedModelConfig):
 
 
 @dataclass
+class RewardModelConfig(TrainedModelConfig):
+    """A learned reward: a sequence-classification checkpoint (one score per sequence, read at its last token) of a
+    family rlcore has, on Megatron workers of its own with their own layout, scoring every finished episode (prompt
+    and response) on the rollout side. Its score is the reward component ``name``. ``rlcore train-rm`` trains one
+    with this section's layout, batching and optimizer."""
+    path: str = ""                # HF checkpoint (e.g. LlamaForSequenceClassification); empty = no reward model
+    name: str = "rm"              # the reward component it gives: task.rewards={rm: 1.0, format: 0.1}; unnamed there,
+                                  # the reward is rm alone and the task's own reward is logged beside it (weight 0)
+    world_size: int = 0           # its worker processes; 0 = trainer.world_size (async: rollout.world_size)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "vllm"         # a registered rollout backend
     agent: str = "single_turn"    # a registered agent: how an episode uses the engine (one response, or turns)
@@ -231,6 +243,7 @@ class Config:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     agent: Dict[str, Any] = field(default_factory=dict)  # the options of rollout.agent, bound to its own dataclass
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -101,10 +101,11 @@ class MegatronTrainable:
     """Subclasses build the model (``build``) and say what a pass yields per token (``token_outputs``)."""
     role = "model"   # prefixes the update's metrics (grad_norm, update_skipped)
 
-    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: TrainedModelConfig, optimizer: OptimizerSpec,
+    def __init__(self, spec: ModelSpec, hf_config: dict, cfg: TrainedModelConfig, optimizer: OptimizerSpec | None,
                  hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None = None, seed: int = 0,
                  total_updates: int = 0):
-        """``total_updates``: optimizer updates in the run, where a decaying LR schedule ends."""
+        """``total_updates``: optimizer updates in the run, where a decaying LR schedule ends. No ``optimizer``:
+        the model only runs forward passes (a reward model scoring), with no gradient buffers or optimizer state."""
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
                                                finalize_model_grads)
@@ -117,13 +118,17 @@ class MegatronTrainable:
             from rlcore.lora.layers import add_lora
 
             add_lora(self.model, lora)
-        self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
-            use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
-        # after backward: reduce grads over data-parallel ranks and all-reduce the grads of parameters that TP
-        # ranks replicate but see different parts of the input for (qk-layernorm, sequence-parallel norms)
-        self.model.config.finalize_model_grads_func = finalize_model_grads
-        self.model.config.no_sync_func = self.ddp.no_sync
-        self.optimizer = optimizer.build([self.ddp], cfg.optim)
+        if optimizer is None:
+            self.model.requires_grad_(False)
+            self.ddp, self.optimizer = self.model, None
+        else:
+            self.ddp = DistributedDataParallel(self.model.config, DistributedDataParallelConfig(
+                use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.model)
+            # after backward: reduce grads over data-parallel ranks and all-reduce the grads of parameters that TP
+            # ranks replicate but see different parts of the input for (qk-layernorm, sequence-parallel norms)
+            self.model.config.finalize_model_grads_func = finalize_model_grads
+            self.model.config.no_sync_func = self.ddp.no_sync
+            self.optimizer = optimizer.build([self.ddp], cfg.optim)
         self.updates, self.total_updates = 0, total_updates
         self._offloaded: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.dp_size = mpu.get_data_parallel_world_size()
@@ -138,14 +143,20 @@ class MegatronTrainable:
         if cfg.max_tokens_per_micro_batch:      # pipeline stages then exchange each micro-batch's shape
             self.model.config.variable_seq_lengths = True
 
+    def structure(self):
+        """This rank's GPTModel, its weights not loaded yet, and the converter bound to it."""
+        from rlcore.megatron.model import build_gpt
+
+        return build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
+                         self.cfg.parallel.last_stage_layers, self.cfg.recompute)
+
     def build(self, hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None):
         """This rank's GPTModel (weights from ``hf_state`` if given: HF tensors, or a converted checkpoint's
         Megatron weights) and the converter bound to it."""
         from rlcore.megatron.checkpoint import load_weights
-        from rlcore.megatron.model import build_gpt, load_hf_into
+        from rlcore.megatron.model import load_hf_into
 
-        model, converter = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
-                                     self.cfg.parallel.last_stage_layers, self.cfg.recompute)
+        model, converter = self.structure()
         if isinstance(hf_state, ConvertedWeights):
             load_weights(model, hf_state.directory)
         elif hf_state is not None:
@@ -167,13 +178,15 @@ class MegatronTrainable:
         parameters, which have none) or ``optimizer`` (its
         state tensors and fp32 main params, one per storage, on the device only: not those sharing storage with the
         buffers, such as an fp32 model's main params, nor the hybrid optimizer's host state)."""
-        buffers = list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
+        buffers = [] if self.optimizer is None else list(self.ddp.buffers) + list(self.ddp.expert_parallel_buffers)
         if what == "params":   # and the frozen ones DDP keeps no buffer for (LoRA's base weights)
             frozen = [p for p in self.model.parameters() if not p.requires_grad]
             return [b.param_data for b in buffers if b.param_data is not None] + frozen
         if what == "grads":
             return [b.grad_data for b in buffers]
         if what == "optimizer":
+            if self.optimizer is None:
+                return []
             owned = {t.untyped_storage().data_ptr() for t in self._memory("params") + self._memory("grads")}
             inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
             tensors = [t for o in inner for state in o.state.values() for t in state.values()]
