@@ -27,7 +27,11 @@ def evaluate(source: "Source", task: "Task", cfg: "Config", step: int) -> dict[s
     source.sync()
     _, scores = source.groups(prompts, n, cfg.trainer.eval_temperature, prompt_seeds(len(prompts), cfg.run.seed,
                                                                                        "eval", step))
-    return eval_metrics(scores.total.view(len(prompts), n), [m.get("data_source", "") for _, m in prompts])
+    metrics = eval_metrics(scores.total.view(len(prompts), n), [m.get("data_source", "") for _, m in prompts])
+    if len(scores.components) > 1:     # each component too (as reward/<name>/mean is): a reward model's score
+        metrics.update({f"eval/{key}": value for key, value in scores.metrics().items()   # beside what it stands for
+                        if key.endswith("/mean")})
+    return metrics
 
 
 def eval_metrics(rewards: torch.Tensor, sources: list[str]) -> dict[str, float]:

@@ -54,17 +54,30 @@ class RewardComposer:
     def __init__(self, rewards: list[tuple[RewardSpec, float]], strict: bool = False):
         self.rewards, self.strict = rewards, strict
 
-    def __call__(self, responses: list[str], metadata: list[dict]) -> Scores:
+    def __call__(self, responses: list[str], metadata: list[dict],
+                 sequences: list[list[int]] | None = None) -> Scores:
+        """``sequences``: each episode's tokens, for the rewards that read them (``RewardSpec.sequences``). A
+        reward of weight 0 is logged, not added: a failure of it fails no sample."""
         scores = Scores(torch.zeros(len(responses), dtype=torch.float64))
         for spec, weight in self.rewards:
-            components = self._components(spec, responses, metadata, scores.reasons)
+            components = self._components(spec, responses, metadata, sequences, scores.reasons)
             scores.components.update(components)
-            scores.total += weight * sum(components.values())   # NaN propagates: the sample failed
+            if weight:
+                scores.total += weight * sum(components.values())   # NaN propagates: the sample failed
         return scores
 
-    def _components(self, spec: RewardSpec, responses, metadata, reasons: Counter) -> dict[str, torch.Tensor]:
+    def _components(self, spec: RewardSpec, responses, metadata, sequences, reasons: Counter
+                    ) -> dict[str, torch.Tensor]:
+        def call(rows: list[int] | None = None):
+            pick = (lambda items: items) if rows is None else (lambda items: [items[i] for i in rows])  # noqa: E731
+            if spec.sequences:
+                if sequences is None:
+                    raise RlcoreError(f"reward {spec.name!r} reads token sequences, which this caller does not give")
+                return spec.fn(pick(responses), pick(metadata), pick(sequences))
+            return spec.fn(pick(responses), pick(metadata))
+
         try:
-            return _as_components(spec, spec.fn(responses, metadata), len(responses))
+            return _as_components(spec, call(), len(responses))
         except WrongRewardShape:
             raise
         except Exception as e:
@@ -72,9 +85,9 @@ class RewardComposer:
                 raise RlcoreError(f"reward {spec.name!r} failed: {type(e).__name__}: {e} (task.strict_rewards is "
                                   f"set; unset it to count failed samples instead)") from e
         rows: list[dict[str, torch.Tensor] | None] = []   # isolate the responses it cannot score
-        for response, meta in zip(responses, metadata):
+        for i in range(len(responses)):
             try:
-                rows.append(_as_components(spec, spec.fn([response], [meta]), 1))
+                rows.append(_as_components(spec, call([i]), 1))
             except WrongRewardShape:
                 raise
             except Exception as e:
@@ -83,6 +96,15 @@ class RewardComposer:
         names = next((list(r) for r in rows if r is not None), [spec.name])
         nan = torch.tensor([math.nan], dtype=torch.float64)
         return {n: torch.cat([r[n] if r is not None else nan for r in rows]) for n in names}
+
+
+    def functions(self) -> "RewardComposer":
+        """These rewards less those that read token sequences (reward models): what scores before their workers
+        start (the warm start's held-out accuracy). Functions logged beside a reward model (weight 0) then weigh 1."""
+        kept = [(spec, weight) for spec, weight in self.rewards if not spec.sequences]
+        if not any(weight for _, weight in kept):
+            kept = [(spec, 1.0) for spec, _ in kept]
+        return RewardComposer(kept, self.strict)
 
 
 class WrongRewardShape(RlcoreError):
@@ -110,7 +132,8 @@ class SourceDispatch:
     def __init__(self, by_source: dict[str, RewardComposer]):
         self.by_source = by_source
 
-    def __call__(self, responses: list[str], metadata: list[dict]) -> Scores:
+    def __call__(self, responses: list[str], metadata: list[dict],
+                 sequences: list[list[int]] | None = None) -> Scores:
         n = len(responses)
         scores = Scores(torch.full((n,), math.nan, dtype=torch.float64))
         rows: dict[str, list[int]] = {}
@@ -120,7 +143,8 @@ class SourceDispatch:
             if source not in self.by_source:
                 raise RlcoreError(f"a sample has data_source {source!r}, which has no reward (sources with one: "
                                   f"{sorted(self.by_source)})")
-            part = self.by_source[source]([responses[i] for i in index], [metadata[i] for i in index])
+            part = self.by_source[source]([responses[i] for i in index], [metadata[i] for i in index],
+                                          None if sequences is None else [sequences[i] for i in index])
             at = torch.tensor(index, dtype=torch.long)
             scores.total[at] = part.total
             for name, values in part.components.items():
@@ -129,21 +153,39 @@ class SourceDispatch:
         return scores
 
 
-def build_rewards(task_cfg, default_reward: str, data_sources: dict[str, int], registry
+def functions_only(rewards: RewardComposer | SourceDispatch) -> RewardComposer | SourceDispatch:
+    """``rewards`` less the reward models (``RewardComposer.functions``), per data source where it dispatches."""
+    if isinstance(rewards, SourceDispatch):
+        return SourceDispatch({source: c.functions() for source, c in rewards.by_source.items()})
+    return rewards.functions()
+
+
+def build_rewards(task_cfg, default_reward: str, data_sources: dict[str, int], registry, model_reward: str = ""
                   ) -> RewardComposer | SourceDispatch:
     """The run's reward from the ``task`` config section. ``task.rewards`` (weights), ``task.reward``,
     ``task.reward_fn`` or the task's default score every row alike; ``task.source_rewards`` maps data sources to
     rewards of their own. With neither a reward for every row nor a task default, each row is scored by the reward
     registered for its data source (``RewardSpec.data_sources``), and a source without one is refused here, before
-    anything starts, naming the sources found and the rewards registered."""
+    anything starts, naming the sources found and the rewards registered. ``model_reward``: the name a reward model
+    is registered under; where ``task.rewards`` does not name it, it is the reward, and what would have been is
+    logged beside it (weight 0: what the reward model is meant to stand for, to watch it being gamed)."""
     if task_cfg.reward_fn:
         file_reward = load_reward_file(task_cfg.reward_fn)
         registry.add("rewards", file_reward, owner=f"task.reward_fn={task_cfg.reward_fn}")
         default_reward = file_reward.name
     weights = dict(task_cfg.rewards) or ({task_cfg.reward or default_reward: 1.0}
                                          if task_cfg.reward or default_reward else {})
-    compose = lambda w: RewardComposer([(registry.get("rewards", n), x) for n, x in w.items()],  # noqa: E731
-                                       strict=task_cfg.strict_rewards)
+    if model_reward and model_reward not in weights and (task_cfg.rewards or task_cfg.reward):
+        raise ConfigError(f"reward_model.path is set, but task.{'rewards' if task_cfg.rewards else 'reward'} does not "
+                          f"name its reward {model_reward!r}: add it, e.g. task.rewards={{{model_reward}: 1.0, "
+                          f"{next(iter(weights))}: 0.1}}, or leave task.reward(s) unset to train on it alone")
+    monitor = bool(model_reward) and model_reward not in weights
+
+    def compose(w: dict[str, float]) -> RewardComposer:
+        if monitor:
+            w = {model_reward: 1.0, **{name: 0.0 for name in w}}
+        return RewardComposer([(registry.get("rewards", n), x) for n, x in w.items()], strict=task_cfg.strict_rewards)
+
     mapping = dict(task_cfg.source_rewards)
     if weights and not mapping:
         return compose(weights)

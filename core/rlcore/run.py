@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from rlcore import checkpoint
 from rlcore.cadence import Cadence
 from rlcore.checkpoint import Checkpointer, resolve_resume
-from rlcore.config import Config, bind_agent, bind_plugin_section, check_runnable_here, save_config, to_dict
+from rlcore.config import (Config, bind_agent, bind_plugin_section, check_runnable_here, reward_model_world,
+                           save_config, to_dict)
 from rlcore.errors import RlcoreError
 from rlcore.evaluation import evaluate
 from rlcore.learner import Learner
@@ -21,15 +22,16 @@ from rlcore.lora.base import base_fingerprint
 from rlcore.plugins import LoadedPlugins
 from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
                               check_rollout_backend)
-from rlcore.rewards import build_rewards
+from rlcore.rewards import build_rewards, functions_only
 from rlcore.rollout.colocated import ColocatedSource
+from rlcore.rollout.reward_model import load_model_reward
 from rlcore.rollout.source import Source
 from rlcore.rollout_correction import async_default, check_old_logprobs_source
 from rlcore.specs import AgentSpec
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
-    from rlcore.workers.proxies import ActorGroup, CriticGroup, TrainGroup
+    from rlcore.workers.proxies import ActorGroup, CriticGroup, RewardModelGroup, TrainGroup
     from rlcore.workers.rollout_worker import RolloutWorkers
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,9 @@ class Run:
         check_old_logprobs_source(cfg.actor.old_logprobs, self.algo_cfg)
         task_spec = reg.get("tasks", cfg.task.name)
         self.task = task_spec.build(dict(cfg.task.options), cfg.run.seed)
-        self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg)
+        self.model_reward = load_model_reward(cfg, reg)      # reward_model.path: a reward model's reward
+        self.rewards = build_rewards(cfg.task, task_spec.default_reward, self.task.data_sources(), reg,
+                                     self.model_reward.name if self.model_reward else "")
         for kind, name in (("rollout_backends", cfg.rollout.backend), ("agents", cfg.rollout.agent),
                            ("optimizers", cfg.actor.optim.name)):
             reg.get(kind, name)        # an unknown name is refused here, before anything starts
@@ -62,6 +66,7 @@ class Run:
         self._workers: ActorGroup | None = None
         self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
         self.critic: CriticGroup | None = None
+        self.reward_model: RewardModelGroup | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         self.eval_before: dict[str, float] = {}     # the held-out metrics before step 1, which checkpoints keep
         plugins.hook.rlcore_configure(config=cfg)
@@ -111,7 +116,7 @@ class Run:
         from rlcore.megatron import patches
         from rlcore.megatron.model import check_model_config, read_hf_config
         from rlcore.rollout.queued import QueuedSource
-        from rlcore.workers.proxies import ActorGroup, ColocatedGroup, CriticGroup
+        from rlcore.workers.proxies import ActorGroup, ColocatedGroup, CriticGroup, RewardModelGroup
         from rlcore.workers.rollout_worker import RolloutWorkers
 
         cfg = self.cfg
@@ -124,7 +129,8 @@ class Run:
         save_config(cfg, os.path.join(self.run_dir, "config.yaml"))      # what `rlcore run --resume` reads
         self.checkpointer = Checkpointer(self.run_dir, cfg.trainer.save_every, cfg.trainer.keep_checkpoints,
                                          cfg.trainer.checkpoint_async)
-        self.model_path = prepare_model(cfg, self.spec, self.task, self.rewards, check=self._check_model)
+        self.model_path = prepare_model(cfg, self.spec, self.task, functions_only(self.rewards),
+                                        check=self._check_model)
         hf_config = read_hf_config(self.model_path)
         # a LoRA checkpoint holds the adapters only; these are the base weights they apply to, checked on resume
         self.lora_base = base_fingerprint(self.model_path) if cfg.actor.lora.rank else None
@@ -152,6 +158,11 @@ class Run:
             self.critic = CriticGroup(cfg, self.plugins.selection, self.model_path,
                                       world=cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.sleep()
+        if self.model_reward is not None:
+            self.reward_model = RewardModelGroup(cfg, self.plugins.selection, self.model_reward.path,
+                                                 world=reward_model_world(cfg))
+            self.reward_model.sleep()
+            self.model_reward.start(self.reward_model, self.tokenizer)
         keep_group = lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg)  # noqa: E731
         shared = (self.task, self.tokenizer, hf_config["max_position_embeddings"], self.rewards, keep_group,
                   self.agent.metrics)
@@ -226,10 +237,10 @@ class Run:
         source = vars(self).get("source")
         if source is not None:
             source.close()
-        for group in (self.rollout, self.critic, self._workers):
+        for group in (self.rollout, self.reward_model, self.critic, self._workers):
             if group is not None:
                 group.stop()
-        self._workers = self.critic = self.rollout = None
+        self._workers = self.critic = self.rollout = self.reward_model = None
 
 
 def check_agent(cfg: Config, reg) -> AgentSpec:

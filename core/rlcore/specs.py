@@ -216,10 +216,13 @@ class RewardSpec:
 
     data_sources: the ``data_source`` values (verl's dataset names, e.g. ``openai/gsm8k``) this reward scores by
     default when a task's rows are scored by their source.
+    sequences: fn takes a third argument, each episode's whole token sequence (prompt and response, the policy's
+    tokens): what a reward model reads.
     """
     name: str
-    fn: Callable[[list[str], list[dict]], Any]
+    fn: Callable[..., Any]
     data_sources: tuple[str, ...] = ()
+    sequences: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,38 @@ def family_of(models: dict[str, ModelSpec], hf_config: dict) -> ModelSpec:
     for spec in models.values():
         if arch in {classifier_architecture(a) for a in spec.hf_architectures}:
             return spec
+        if arch in spec.hf_architectures:
+            raise ValueError(f"it holds a {arch} checkpoint, a causal LM: a reward model is its sequence classifier "
+                             f"({classifier_architecture(arch)}); train one from it with rlcore train-rm")
     known = sorted(classifier_architecture(a) for s in models.values() for a in s.hf_architectures
                    if a.endswith("ForCausalLM"))
     raise ValueError(f"it holds a {arch} checkpoint, not a sequence classifier of a model family rlcore has (the "
                      f"installed families give: {', '.join(known) or 'none'})")
+
+
+def check_reward_model(models: dict[str, ModelSpec], hf_config: dict, path: str, dtype: str = "float32"
+                       ) -> ModelSpec:
+    """A sequence classifier rlcore can score with, before any worker starts: a classifier of an installed family
+    (whose own checks its config passes), one label wide, with its score head in the files; its family, or a
+    ValueError saying what is wrong."""
+    from rlcore.hf_checkpoint import HFCheckpoint
+    from rlcore.megatron.model import check_model_config
+
+    spec = family_of(models, hf_config)
+    labels = len(hf_config["id2label"]) if hf_config.get("id2label") else hf_config.get("num_labels", 2)
+    if labels != 1:
+        raise ValueError(f"its score head is {labels} labels wide (config.json's id2label/num_labels): a reward "
+                         f"model gives one score, num_labels=1")
+    check_model_config(spec, {**hf_config, "architectures": list(spec.hf_architectures[:1])}, dtype)
+    files = HFCheckpoint(path, hf_config)
+    if SCORE_WEIGHT not in files:
+        raise ValueError(f"its weights have no score head ({SCORE_WEIGHT}): it is not a trained sequence classifier "
+                         f"(a causal LM checkpoint would need one trained: rlcore train-rm)")
+    shape = files.stored(SCORE_WEIGHT).shape
+    if tuple(shape) != (1, hf_config["hidden_size"]):
+        raise ValueError(f"its score head {SCORE_WEIGHT} has shape {list(shape)}, not [1, hidden_size = "
+                         f"{hf_config['hidden_size']}]: a reward model gives one score")
+    return spec
 
 
 def score_positions(sequences: list[list[int]], pad_id: int | None) -> list[int]:

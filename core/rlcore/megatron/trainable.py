@@ -322,6 +322,8 @@ class MegatronTrainable:
     def train_step(self, batch: Batch, loss_fn: LossFn, extras: bool = False, hook=None) -> dict[str, float]:
         """One optimizer update on ``batch`` (this rank's share of a mini-batch). Returns the mean of the
         micro-batch metrics (on the last pipeline stage; other stages return only the update's metrics)."""
+        if self.optimizer is None:
+            raise RuntimeError(f"the {self.role} was built without an optimizer: it only scores")
         self.ddp.train()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()

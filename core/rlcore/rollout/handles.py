@@ -56,3 +56,9 @@ class EngineWorkers(Protocol):
                       sampling: Sampling, seeds: list[int], tag: str) -> Any: ...
 
     def failed(self, index: int, error: BaseException) -> str: ...
+
+
+class RewardModelWorkers(Protocol):
+    """A reward model's workers (``RewardModelGroup``): each row's score."""
+
+    def scores(self, batch: Batch) -> torch.Tensor: ...

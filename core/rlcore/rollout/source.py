@@ -94,8 +94,8 @@ class Source(abc.ABC):
         assert isinstance(text, str)          # one sequence in, one string out
         return text
 
-    def score(self, texts: list[str], meta: list[dict]) -> Scores:
-        scores = self.rewards(texts, meta)
+    def score(self, texts: list[str], meta: list[dict], sequences: list[list[int]] | None = None) -> Scores:
+        scores = self.rewards(texts, meta, sequences)
         for reason, count in scores.reasons.items():
             if reason not in self.failure_reasons_seen:   # each reason once; counts go to the metrics
                 self.failure_reasons_seen.add(reason)
@@ -111,7 +111,8 @@ class Source(abc.ABC):
         episodes = [(g, episode) for g, group in enumerate(groups) for episode in episodes_of(group)]
         with timer("reward"):
             scores = self.score(["".join(self.decode(t.tokens[t.prompt_len:]) for t in episode)
-                                 for _, episode in episodes], [episode[0].metadata for _, episode in episodes])
+                                 for _, episode in episodes], [episode[0].metadata for _, episode in episodes],
+                                [episode_sequence(episode) for _, episode in episodes])
         group_ids = torch.tensor([g for g, _ in episodes])
         rewards = neutral_fill(scores.total, scores.failed, group_ids).float()
         for row, (g, episode) in enumerate(episodes):
@@ -132,6 +133,13 @@ class Source(abc.ABC):
             groups = self.episodes([self.encode(p) for p, _ in prompts], [m for _, m in prompts], n,
                                    Sampling(self.cfg.rollout.max_response_len, temperature), seeds)
         return groups, self.scored(groups, timer)
+
+
+def episode_sequence(episode: list[Trajectory]) -> list[int]:
+    """An episode's whole token sequence: its prompt, then every sample's response tokens (one sample's, unless the
+    agent split the episode)."""
+    first = episode[0]
+    return first.tokens[:first.prompt_len] + [token for t in episode for token in t.tokens[t.prompt_len:]]
 
 
 def prompt_seeds(count: int, run_seed: int, *where) -> list[int]:

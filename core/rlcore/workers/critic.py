@@ -2,8 +2,6 @@
 offload switches. Every method is SPMD over the critic's ranks, like the actor worker's."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from rlcore.config import Config
@@ -11,9 +9,11 @@ from rlcore.data import Batch
 from rlcore.losses import aggregate
 from rlcore.lr_schedule import total_updates
 from rlcore.megatron.trainable import offloaded_parts
-from rlcore.workers.worker import Worker, parallel_coords
+from rlcore.workers.offloading import OffloadingWorker
+from rlcore.workers.worker import parallel_coords
 
-class CriticWorker(Worker):
+
+class CriticWorker(OffloadingWorker):
     role = "critic"
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str, rank: int = 0,
@@ -30,33 +30,6 @@ class CriticWorker(Worker):
         self.trainable = self.critic
         self.offloaded = offloaded_parts(cfg.critic.offload)
         self.coords = parallel_coords(rank)
-
-    def wake(self) -> None:
-        """Bring back what ``sleep`` moved to host memory, before the critic's passes."""
-        for what in reversed(self.offloaded):
-            self.critic.onload(what)
-
-    def sleep(self) -> None:
-        """Move what ``critic.offload`` names to host memory while the actor and the engine run."""
-        for what in self.offloaded:
-            self.critic.offload(what)
-
-    @contextmanager
-    def awake(self):
-        """The critic in memory for a while (a checkpoint save or load), asleep again after."""
-        self.wake()
-        try:
-            yield
-        finally:
-            self.sleep()
-
-    def save_checkpoint(self, directory: str, asynchronous: bool = False) -> None:
-        with self.awake():     # an asynchronous save's writer has its snapshot once this returns
-            super().save_checkpoint(directory, asynchronous)
-
-    def load_checkpoint(self, directory: str) -> dict:
-        with self.awake():
-            return super().load_checkpoint(directory)
 
     def values(self, share: Batch) -> torch.Tensor:
         return self.critic.values(share)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Concatenate, NoReturn, ParamSpec, TypeVar
 import torch
 
 from rlcore.balance import balanced_partition
-from rlcore.config import Config
+from rlcore.config import Config, reward_model_world
 from rlcore.data import Batch
 from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
 from rlcore.launch import free_port
@@ -85,6 +85,7 @@ def start_ray(cfg: Config) -> None:
         # (ray.init() would try to join the one in /tmp/ray/ray_current_cluster and fail on num_cpus)
         workers = cfg.trainer.world_size + (cfg.critic.world_size or cfg.trainer.world_size)
         workers += cfg.rollout.world_size if cfg.trainer.mode == "async" else 0
+        workers += reward_model_world(cfg) if cfg.reward_model.path else 0
         start_local_ray(address="local", num_cpus=max(workers, os.cpu_count() or 1, 8), include_dashboard=False,
                         log_to_driver=True)
 

@@ -14,6 +14,8 @@ from rlcore.weight_sync.logprob_check import LogprobComparison
 from rlcore.workers.colocated import ActorRolloutWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.group import WorkerGroup, shares
+from rlcore.workers.offloading import OffloadingWorker
+from rlcore.workers.reward_model import RewardModelWorker
 from rlcore.workers.worker import ActorWorker, Worker
 
 
@@ -97,7 +99,17 @@ class ColocatedGroup(ActorGroup):
         return self.call(ActorRolloutWorker.compare_logprobs, prompts, responses, pad_id)
 
 
-class CriticGroup(TrainGroup):
+class OffloadingGroup(TrainGroup):
+    """Workers whose model waits in host memory between its passes (``rlcore.workers.offloading``)."""
+
+    def wake(self) -> None:
+        self.call(OffloadingWorker.wake)
+
+    def sleep(self) -> None:
+        self.call(OffloadingWorker.sleep)
+
+
+class CriticGroup(OffloadingGroup):
     """The critic's workers; asleep (offloaded as ``critic.offload`` says) between their passes."""
     worker_cls = CriticWorker
 
@@ -107,8 +119,17 @@ class CriticGroup(TrainGroup):
     def train_step(self, mini: Batch) -> dict[str, float]:
         return self.update(CriticWorker.train_step, mini)
 
-    def wake(self) -> None:
-        self.call(CriticWorker.wake)
 
-    def sleep(self) -> None:
-        self.call(CriticWorker.sleep)
+class RewardModelGroup(OffloadingGroup):
+    """The reward model's workers; asleep (offloaded as ``reward_model.offload`` says) between their passes."""
+    worker_cls = RewardModelWorker
+
+    def scores(self, batch: Batch) -> torch.Tensor:
+        """Each row's score [N] (rows of ``rlcore.megatron.reward_model.score_batch``), awake for the pass."""
+        from rlcore.megatron.reward_model import read_scores
+
+        self.wake()
+        try:
+            return read_scores(self.per_token(RewardModelWorker.token_scores, batch), batch)
+        finally:
+            self.sleep()

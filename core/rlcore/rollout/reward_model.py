@@ -1,0 +1,75 @@
+"""A reward model as one of the run's rewards: a ``RewardSpec`` that reads each episode's token sequence (prompt
+and response) and has the reward model's workers score it (``rlcore.rollout.handles.RewardModelWorkers``). Where
+the reward model's tokenizer is not the policy's, the sequence is decoded as the policy saw it (special tokens kept
+as text) and encoded by the reward model's tokenizer, which reads its own special tokens back by name."""
+from __future__ import annotations
+
+import os
+
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.megatron.reward_model import check_reward_model, score_batch
+from rlcore.rollout.handles import RewardModelWorkers
+from rlcore.specs import RewardSpec
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two tokenizers give the same ids for the same text: the same vocabulary, special tokens included."""
+    return a.get_vocab() == b.get_vocab()
+
+
+class ModelReward:
+    """``reward_model.path``'s scores, one per episode; the workers are handed over once they start (``start``)."""
+
+    def __init__(self, name: str, path: str, hf_config: dict, tokenizer):
+        self.name, self.path, self.tokenizer = name, path, tokenizer
+        self.pad_id: int | None = hf_config.get("pad_token_id")
+        self.context = int(hf_config["max_position_embeddings"])
+        self.workers: RewardModelWorkers | None = None
+        self.policy_tokenizer = None       # set when its tokens are not the reward model's
+
+    def spec(self) -> RewardSpec:
+        return RewardSpec(self.name, self, sequences=True)
+
+    def start(self, workers: RewardModelWorkers, policy_tokenizer) -> None:
+        self.workers = workers
+        self.policy_tokenizer = None if same_tokenizer(policy_tokenizer, self.tokenizer) else policy_tokenizer
+
+    def __call__(self, responses: list[str], metadata: list[dict], sequences: list[list[int]]) -> list[float]:
+        """Each sequence's score. One longer than the reward model's context raises (the composer then scores the
+        others one by one, and counts that one failed, naming its length)."""
+        if self.workers is None:
+            raise RlcoreError(f"reward {self.name!r} is a reward model whose workers have not started")
+        if self.policy_tokenizer is not None:
+            sequences = [self.tokenizer.encode(self.policy_tokenizer.decode(s), add_special_tokens=False)
+                         for s in sequences]
+        longest = max(len(s) for s in sequences)
+        if longest > self.context:
+            raise ValueError(f"a sequence of {longest} tokens is longer than the reward model's context "
+                             f"({self.context}, max_position_embeddings of {self.path})")
+        return self.workers.scores(score_batch(sequences, self.pad_id)).tolist()
+
+
+def load_model_reward(cfg, registry) -> ModelReward | None:
+    """``reward_model.path``'s reward, registered under ``reward_model.name``; None without one. A checkpoint it
+    cannot score with is refused here, in one line, before any worker starts."""
+    from transformers import AutoTokenizer
+
+    from rlcore.megatron.model import read_hf_config
+
+    section = cfg.reward_model
+    if not section.path:
+        return None
+    path = os.path.expanduser(section.path)
+    hf_config = read_hf_config(path)
+    try:
+        check_reward_model(registry.models, hf_config, path, section.dtype)
+    except ValueError as e:
+        raise ConfigError(f"reward_model.path {section.path}: {e}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"reward_model.path {section.path} has no tokenizer transformers can load ({e}): save "
+                          f"the reward model's tokenizer into it (tokenizer.save_pretrained)") from None
+    reward = ModelReward(section.name, path, hf_config, tokenizer)
+    registry.add("rewards", reward.spec(), owner=f"reward_model.path={section.path}")
+    return reward
