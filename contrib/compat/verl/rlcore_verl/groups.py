@@ -8,9 +8,9 @@ import math
 import os
 from typing import Any, Callable
 
-from rlcore_verl.keys import (ARR, IGNORED, REFUSED, TRANSLATED, Refused, as_bool, as_float, as_int, as_paths,
-                              as_str)
-from rlcore_verl.lines import Line, refusal
+from rlcore_verl.keys import (ARR, IGNORED, REFUSED, RM, RM_OFF, TRANSLATED, Key, Refused, as_bool, as_float,
+                              as_int, as_paths, as_str, lookup)
+from rlcore_verl.lines import Line, refusal, show
 
 A = f"{ARR}.actor"
 Group = Callable[[dict[str, Any], dict[str, Any], dict[str, Any], Any], dict[str, Line]]
@@ -472,12 +472,130 @@ def overlong(values, given, overrides, families) -> dict[str, Line]:
     target = {"algorithm.overlong_buffer": buffer, "algorithm.overlong_max_len": max_len,
               "algorithm.overlong_penalty": factor}
     out = {}
+    if _checked(as_bool, f"{RM}.enable", given.get(f"{RM}.enable", False)):
+        for key, value in values.items():     # verl's dapo manager returns the reward model's scores as they are
+            out[key] = unused(key, value, "with reward_model.enable=True verl's reward is the reward model's score, "
+                                          "without the overlong penalty")
+        return out
     for key, value in values.items():
         out[key] = ok(key, value, target) if on else unused(key, value, "the overlong penalty is off (enable)")
     if on and given.get("reward_model.reward_manager") != "dapo":
         out[f"{cfg}.enable"] = no(f"{cfg}.enable", True, "the overlong penalty is the dapo reward manager's: set "
                                                          "reward_model.reward_manager=dapo")
     return out
+
+
+def reward_model(values, given, overrides, families) -> dict[str, Line]:
+    """verl's reward model (``reward_model.enable`` with ``model.path``) -> rlcore's ``reward_model`` section. Every
+    key of the group has effect only with the reward model enabled, as in verl; then the reward is its score
+    (``rlcore_verl.keys.reward_model_rows`` says why), the layout is the legacy Megatron workers' or the reward loop
+    engine's TP, and the worker count is verl's own pool (``enable_resource_pool``) or the trainer's."""
+    enable_key, path_key = f"{RM}.enable", f"{RM}.model.path"
+    if not _checked(as_bool, enable_key, given.get(enable_key, False)):
+        off = {key: unused(key, value, RM_OFF) for key, value in values.items()}
+        if enable_key in off:
+            off[enable_key] = unused(enable_key, False, "no reward model, verl's default: the reward functions score "
+                                                        "every row")
+        return off
+    path = given.get(path_key)
+    if path is None:
+        return {enable_key: no(enable_key, True, "it needs the reward model's checkpoint: add "
+                                                 "reward_model.model.path=<a Hugging Face sequence-classification "
+                                                 "checkpoint directory>")}
+    path = _checked(as_str, path_key, path)
+    loop = _checked(as_bool, f"{RM}.use_reward_loop", given.get(f"{RM}.use_reward_loop", True))
+    if loop and given.get("custom_reward_function.path"):
+        return {enable_key: no(enable_key, True, "with custom_reward_function.path, verl's reward loop "
+                                                 "(reward_model.use_reward_loop=True, its default) scores with that "
+                                                 "function alone and hands it the reward model's server; rlcore gives "
+                                                 "no function the reward model: set reward_model.use_reward_loop=False "
+                                                 "for the reward model's score alone (as verl's legacy workers), or "
+                                                 "drop custom_reward_function.path and add both in rlcore keys: "
+                                                 "task.reward_fn=<file.py>:<function> task.rewards={rm: 1.0, "
+                                                 "<function>: 1.0}")}
+    out: dict[str, Line] = {}
+    m = f"{RM}.megatron"
+    # the layout's TP: the legacy Megatron workers' or the reward loop's engine's, as use_reward_loop picks
+    tp_keys = [k for k in (f"{m}.tensor_model_parallel_size", f"{RM}.rollout.tensor_model_parallel_size")
+               if k in given]
+    if len(tp_keys) == 2:
+        used = tp_keys[1] if loop else tp_keys[0]
+        other = tp_keys[0] if loop else tp_keys[1]
+        out[other] = unused(other, given[other], f"reward_model.use_reward_loop={loop}: verl takes the reward "
+                                                 f"model's TP from {used}")
+        tp_keys = [used]
+    tp = _checked(as_int, tp_keys[0], given[tp_keys[0]]) if tp_keys else 1
+    sp_key = f"{m}.sequence_parallel"
+    asked = _checked(as_bool, sp_key, given.get(sp_key, True))
+    sp = asked and tp > 1
+    if tp_keys:
+        out[tp_keys[0]] = ok(tp_keys[0], tp, {f"{RM}.parallel.tp": tp, f"{RM}.parallel.sp": sp})
+    if sp_key in values:
+        out[sp_key] = ok(sp_key, asked, {f"{RM}.parallel.sp": sp}, "" if asked == sp else "verl turns it off at TP 1")
+    # micro-batches by a token budget: the reward model's keys, else the critic's (verl's interpolation), else the
+    # actor's use_dynamic_bsz (the critic's default)
+    dyn_key, len_key = f"{RM}.use_dynamic_bsz", f"{RM}.forward_max_token_len_per_gpu"
+    dyn_from = next((k for k in (dyn_key, "critic.use_dynamic_bsz", f"{A}.use_dynamic_bsz") if k in given), None)
+    dyn = _checked(as_bool, dyn_from, given[dyn_from]) if dyn_from else False
+    len_from = next((k for k in (len_key, "critic.forward_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu")
+                     if k in given), None)
+    budget = _checked(as_int, len_from, given[len_from]) if len_from else 32768
+    pack = _checked(as_int, f"{m}.context_parallel_size", given.get(f"{m}.context_parallel_size", 1)) == 1
+    tokens = ({f"{RM}.max_tokens_per_micro_batch": budget, f"{RM}.pack_sequences": pack} if dyn
+              else {f"{RM}.max_tokens_per_micro_batch": 0})
+    if dyn_key in values:
+        out[dyn_key] = ok(dyn_key, dyn, tokens, "" if pack else "context parallel: rows padded, not packed")
+    if len_key in values:
+        out[len_key] = ok(len_key, budget, tokens) if dyn else unused(len_key, budget,
+                                                                    "used only with use_dynamic_bsz=True")
+    # where it runs
+    pool_key, gpus_key, nodes_key = f"{RM}.enable_resource_pool", f"{RM}.n_gpus_per_node", f"{RM}.nnodes"
+    pool = _checked(as_bool, pool_key, given.get(pool_key, False))
+    gpus = _checked(as_int, gpus_key, given.get(gpus_key, 8))            # verl's reward-loop defaults
+    nodes = _checked(as_int, nodes_key, given.get(nodes_key, 0))
+    if pool and (gpus < 1 or nodes < 1):
+        return {pool_key: no(pool_key, True, f"its pool is reward_model.n_gpus_per_node x nnodes devices ({gpus} x "
+                                             f"{nodes}): give both, > 0")}
+    for key in (pool_key, gpus_key, nodes_key):
+        if key in values:
+            out[key] = (ok(key, given[key], {f"{RM}.world_size": gpus * nodes}, f"{nodes} x {gpus} devices")
+                        if pool else unused(key, given[key], "no pool of its own (enable_resource_pool=False, verl's "
+                                                             "default): as many workers as it scores for, rlcore's "
+                                                             "reward_model.world_size=0"))
+    # the switch and the checkpoint
+    target: dict[str, Any] = {f"{RM}.path": path}
+    notes = ["the reward model's score is the reward; the rule-based reward is logged beside it at weight 0"]
+    if f"{m}.dtype" not in given:
+        target[f"{RM}.dtype"] = "bfloat16"
+        notes.append("bfloat16: verl's default")
+    if dyn and dyn_key not in given:
+        target.update(tokens)
+        notes.append(f"micro-batches of {budget} tokens: {dyn_from}, verl's default for it")
+    out[enable_key] = ok(enable_key, True, target, "; ".join(notes))
+    if path_key in values:
+        out[path_key] = ok(path_key, path, {f"{RM}.path": path}, "" if os.path.isfile(os.path.join(
+            os.path.expanduser(path), "config.json")) else "not on this machine: the run will say so")
+    for key, value in values.items():                # the rest: a value each, or no effect / refused as the row says
+        if key not in out:
+            out[key] = _row_line(key, value, lookup(key))
+    return out
+
+
+def _row_line(key: str, value: Any, row: Key | None) -> Line:
+    """One key read by its row alone (``translate._single``'s rules, as a Line)."""
+    assert row is not None
+    if row.status == TRANSLATED:
+        assert row.convert is not None
+        try:
+            return ok(key, value, dict(zip(row.to, row.convert(value))))
+        except Refused as e:
+            raise refusal(key, value, e.why, e.closest or ", ".join(row.to)) from None
+    if row.accepts and value not in row.accepts:
+        return no(key, value, f"{row.why} (only {' or '.join(show(a) for a in row.accepts)} has a counterpart)")
+    if row.status == REFUSED and not row.accepts:
+        return no(key, value, row.why)
+    return unused(key, value, row.why if row.status == IGNORED else f"{show(value)} is rlcore's behaviour too "
+                                                                    f"({row.why})")
 
 
 def rejection(values, given, overrides, families) -> dict[str, Line]:
@@ -536,5 +654,5 @@ GROUPS: dict[str, Group] = {
         ("tp", tensor_parallel), ("warmup", warmup), ("recompute", recompute), ("stages", stages),
         ("hybrid", hybrid), ("tokens", tokens))},
     "clip": clip, "kl": kl, "ref_layout": ref_layout, "eval": evaluation, "reward_fn": reward_fn,
-    "overlong": overlong, "rs": rejection, "resume": resume,
+    "overlong": overlong, "reward_model": reward_model, "rs": rejection, "resume": resume,
 }

@@ -7,7 +7,7 @@ Each translated row carries an example, a verl value with the rlcore values it g
 docs/coming-from-verl.md shows and what tests/test_verl_translate.py checks, row by row."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 TRANSLATED, IGNORED, REFUSED = "translated", "ignored", "refused"
@@ -268,6 +268,146 @@ def _betas(v: Any) -> tuple:
     if not (isinstance(v, list) and len(v) == 2):
         raise Refused(f"{v!r} is not a list of two numbers")
     return (as_float(v[0]), as_float(v[1]))
+
+
+RM = "reward_model"
+RM_NEEDS = (f"{RM}.enable=True", f"{RM}.model.path=/ckpt/rm")
+RM_OFF = "used only with reward_model.enable=True (verl's default is False: no reward model)"
+RM_LAYOUT = "rlcore runs the reward model on Megatron workers of its own (reward_model.parallel)"
+
+
+def rm_row(verl: str, to: tuple[str, ...], convert: Callable[[Any], tuple] | None, why: str,
+           example: tuple[str, dict[str, Any]] | None, needs: tuple[str, ...] = RM_NEEDS, closest: str = "") -> Key:
+    """A reward-model key with effect only when ``reward_model.enable=True``, as in verl: read with the group
+    ``reward_model`` (``rlcore_verl.groups.reward_model``), which applies ``convert`` or reads it with the others."""
+    return Key(verl, TRANSLATED, to, convert, why, closest, group="reward_model", example=example, needs=needs)
+
+
+def rm_only(row: Key) -> Key:
+    """An ignored or refused row that applies only with the reward model enabled (otherwise listed as unused)."""
+    return replace(row, group="reward_model", needs=RM_NEEDS)
+
+
+def reward_model_rows() -> list[Key]:
+    """verl's ``reward_model.*`` -> rlcore's ``reward_model`` section: a sequence classifier scoring each episode.
+
+    What verl does with an enabled reward model and a rule-based reward (b178a3c): its legacy reward-model workers
+    (``use_reward_loop=False``) write ``rm_scores``, which the naive/dapo/batch/prime reward managers return as the
+    reward without calling ``compute_score``; its reward loop (``use_reward_loop=True``, the default) scores with the
+    reward model alone unless ``custom_reward_function.path`` is given, and then with that function alone, handing it
+    the reward model's server address. verl never adds the two. So the reward model's score is the reward, which is
+    rlcore's default with ``reward_model.path`` (the rule-based reward logged beside it at weight 0); a custom
+    function under the reward loop is refused (rlcore gives no function the reward model)."""
+    m = f"{RM}.megatron"
+    return [
+        rm_row(f"{RM}.enable", (f"{RM}.path", f"{RM}.dtype", f"{RM}.max_tokens_per_micro_batch",
+                                f"{RM}.pack_sequences"), None,
+               "True (with model.path): the reward model's score is the reward, as verl's reward managers return it "
+               "in place of the rule-based reward; rlcore logs that reward (custom_reward_function's or the data "
+               "source's) beside it at weight 0. In bfloat16 unless megatron.dtype is given, and by the critic's "
+               "use_dynamic_bsz unless its own is (verl's defaults). False: nothing",
+               ("True", {f"{RM}.path": "/ckpt/rm", f"{RM}.dtype": "bfloat16"}), needs=(f"{RM}.model.path=/ckpt/rm",),
+               closest=f"{RM}.path"),
+        rm_row(f"{RM}.model.path", (f"{RM}.path",), None,
+               "the reward model: a Hugging Face sequence-classification checkpoint of a family rlcore has",
+               ("/ckpt/rm", {f"{RM}.path": "/ckpt/rm"}), needs=(f"{RM}.enable=True",)),
+        ignored(f"{RM}.model.input_tokenizer", "rlcore re-tokenizes each sequence with the reward model's own "
+                "tokenizer when it differs from the policy's (the policy's rendered text, decoded and encoded again; "
+                "no second chat template)"),
+        ignored(f"{RM}.model.trust_remote_code", "rlcore reads config.json itself and runs no remote code"),
+        rm_only(refused(f"{RM}.model.external_lib", "rlcore imports no model code for the reward model: it must be a "
+                        "sequence classifier of an installed model family", f"{RM}.path", accepts=(None,))),
+        rm_only(refused(f"{RM}.model.override_config.*", "rlcore takes the reward model's sizes from its config.json",
+                        f"{RM}.path")),
+        ignored(f"{RM}.model.use_remove_padding", "FSDP-only; sequences are packed with use_dynamic_bsz",
+                closest=f"{RM}.pack_sequences"),
+        ignored(f"{RM}.model.use_fused_kernels", KERNEL_TUNING),
+        ignored(f"{RM}.model.use_shm", "rlcore reads checkpoints from their directory"),
+        ignored(f"{RM}.model.fsdp_config.*", "FSDP-only: " + RM_LAYOUT, closest=f"{RM}.offload.params"),
+        ignored(f"{RM}.ulysses_sequence_parallel_size", "FSDP-only; Megatron's context parallel is cp",
+                closest=f"{RM}.parallel.cp"),
+        rm_only(ignored(f"{RM}.strategy", RM_LAYOUT + ": drop strategy and give its layout as "
+                        "reward_model.megatron.*", accepts=("megatron",), closest=f"{RM}.parallel.tp")),
+        rm_row(f"{RM}.micro_batch_size_per_gpu", (f"{RM}.micro_batch_size",), one(as_int), "sequences per forward "
+               "pass", ("8", {f"{RM}.micro_batch_size": 8})),
+        rm_only(refused(f"{RM}.micro_batch_size", "a global micro-batch size (deprecated in verl)",
+                        f"{RM}.micro_batch_size", accepts=(None,))),
+        rm_row(f"{RM}.use_dynamic_bsz", (f"{RM}.max_tokens_per_micro_batch", f"{RM}.pack_sequences"), None,
+               "micro-batches by a token budget (forward_max_token_len_per_gpu), sequences packed as the actor's",
+               ("True", {f"{RM}.max_tokens_per_micro_batch": 16384, f"{RM}.pack_sequences": True}),
+               needs=(*RM_NEEDS, f"{RM}.forward_max_token_len_per_gpu=16384")),
+        rm_row(f"{RM}.forward_max_token_len_per_gpu", (f"{RM}.max_tokens_per_micro_batch", f"{RM}.pack_sequences"),
+               None,
+               "the token budget of a micro-batch, with use_dynamic_bsz=True (verl's default: the critic's)",
+               ("8192", {f"{RM}.max_tokens_per_micro_batch": 8192}), needs=(*RM_NEEDS, f"{RM}.use_dynamic_bsz=True")),
+        ignored(f"{RM}.max_length", "rlcore scores whole sequences up to the reward model's context (its "
+                "max_position_embeddings); a longer one is counted as failed, not truncated"),
+        # layout: the legacy Megatron workers' (megatron.*) or the reward loop's scoring engine's TP
+        rm_row(f"{m}.tensor_model_parallel_size", (f"{RM}.parallel.tp", f"{RM}.parallel.sp"), None,
+               "tensor parallel size (sequence parallelism on when > 1, as verl's default); given with "
+               "rollout.tensor_model_parallel_size, use_reward_loop picks one as verl does (True: the rollout's)",
+               ("4", {f"{RM}.parallel.tp": 4, f"{RM}.parallel.sp": True})),
+        rm_row(f"{m}.sequence_parallel", (f"{RM}.parallel.sp",), None,
+               "sequence parallelism in TP regions (only with TP > 1, as in verl)",
+               ("False", {f"{RM}.parallel.tp": 2, f"{RM}.parallel.sp": False}),
+               needs=(*RM_NEEDS, f"{m}.tensor_model_parallel_size=2")),
+        rm_row(f"{m}.pipeline_model_parallel_size", (f"{RM}.parallel.pp",), one(as_int), "pipeline parallel size",
+               ("2", {f"{RM}.parallel.pp": 2})),
+        rm_row(f"{m}.context_parallel_size", (f"{RM}.parallel.cp",), one(as_int), "context parallel size",
+               ("2", {f"{RM}.parallel.cp": 2})),
+        rm_row(f"{m}.expert_model_parallel_size", (f"{RM}.parallel.ep",), one(as_int), "expert parallel size",
+               ("2", {f"{RM}.parallel.ep": 2})),
+        rm_only(refused(f"{m}.expert_tensor_parallel_size", "rlcore never splits experts over TP ranks (expert TP "
+                        "is 1)", f"{RM}.parallel.ep", accepts=(None, 1))),
+        rm_only(refused(f"{m}.virtual_pipeline_model_parallel_size", "the interleaved (virtual) pipeline schedule "
+                        "is not supported", f"{RM}.parallel.pp", accepts=(None, 1))),
+        rm_row(f"{m}.param_offload", (f"{RM}.offload.params",), one(as_bool),
+               "the reward model's weights on the host between its passes",
+               ("True", {f"{RM}.offload.params": True})),
+        rm_row(f"{m}.dtype", (f"{RM}.dtype",), choice({"bfloat16": "bfloat16", "bf16": "bfloat16",
+                                                      "float32": "float32", "fp32": "float32"}, f"{RM}.dtype"),
+               "the reward model's dtype (verl's default bfloat16)", ("float32", {f"{RM}.dtype": "float32"})),
+        rm_only(refused(f"{m}.use_dist_checkpointing", "rlcore reads the reward model from HF safetensors",
+                        f"{RM}.path", accepts=(False,))),
+        ignored(f"{m}.*", "a Megatron setting of verl's reward-model workers; rlcore builds the reward model with "
+                "megatron-core's defaults (scoring only: no optimizer)"),
+        rm_only(refused(f"{RM}.load_weight", "rlcore scores with the checkpoint's weights (False: random weights)",
+                        f"{RM}.path", accepts=(True,))),
+        # where it runs: verl's own pool of n_gpus_per_node x nnodes devices, or the trainer's
+        rm_row(f"{RM}.enable_resource_pool", (f"{RM}.world_size",), None,
+               "True: the reward model on a pool of its own, n_gpus_per_node x nnodes devices = its worker "
+               "processes; False: as many as the workers it scores for (rlcore's world_size 0)",
+               ("True", {f"{RM}.world_size": 16}),
+               needs=(*RM_NEEDS, f"{RM}.n_gpus_per_node=8", f"{RM}.nnodes=2")),
+        rm_row(f"{RM}.n_gpus_per_node", (f"{RM}.world_size",), None, "with enable_resource_pool=True",
+               ("4", {f"{RM}.world_size": 4}), needs=(*RM_NEEDS, f"{RM}.enable_resource_pool=True", f"{RM}.nnodes=1")),
+        rm_row(f"{RM}.nnodes", (f"{RM}.world_size",), None, "with enable_resource_pool=True",
+               ("2", {f"{RM}.world_size": 16}),
+               needs=(*RM_NEEDS, f"{RM}.enable_resource_pool=True", f"{RM}.n_gpus_per_node=8")),
+        # verl's reward loop: the reward model served by vLLM/SGLang; rlcore scores on Megatron either way
+        ignored(f"{RM}.use_reward_loop", "verl's reward loop (True, its default) or its legacy reward-model workers; "
+                "rlcore scores on the reward model's Megatron workers either way. It picks the TP key "
+                "(rollout.tensor_model_parallel_size or megatron.*) and, with custom_reward_function.path, whether "
+                "that function replaces the reward model's score (True; refused: rlcore gives no function the reward "
+                "model)"),
+        rm_row(f"{RM}.rollout.tensor_model_parallel_size", (f"{RM}.parallel.tp", f"{RM}.parallel.sp"), None,
+               "the reward loop's scoring engine's TP: rlcore's reward model split as many ways (see "
+               "megatron.tensor_model_parallel_size)", ("2", {f"{RM}.parallel.tp": 2, f"{RM}.parallel.sp": True})),
+        ignored(f"{RM}.rollout.*", "a setting of the reward loop's scoring engine (vLLM/SGLang); " + RM_LAYOUT),
+        ignored(f"{RM}.num_workers", "verl's reward-loop processes that send episodes to the scoring engine; rlcore "
+                "scores episodes in its rollout loop"),
+        ignored(f"{RM}.launch_reward_fn_async", "rlcore scores episodes as they finish, beside generation"),
+        refused(f"{RM}.reward_loop_source", "custom reward-loop classes are not loaded; rlcore's rewards are "
+                "functions", "task.reward_fn", accepts=("register",)),
+        ignored(f"{RM}.reward_loop_module_path", "used only with reward_loop_source=importlib (refused)"),
+        ignored(f"{RM}.reward_loop_class_name", "used only with reward_loop_source=importlib (refused)"),
+        ignored(f"{RM}.sandbox_fusion.*", "verl's code-execution service for its built-in code scores; rlcore "
+                "scores with registered rewards or task.reward_fn", closest="task.reward_fn"),
+        ignored(f"{RM}.reward_kwargs.*", "arguments of verl's reward manager; rlcore's dapo counterpart reads "
+                "overlong_buffer_cfg and max_resp_len"),
+        ignored(f"{RM}.nccl_timeout", "rlcore's collectives use torch's default timeout"),
+        ignored(f"{RM}.profiler.*", PROFILER),
+    ]
 
 
 TABLE: list[Key] = [
@@ -574,7 +714,8 @@ TABLE: list[Key] = [
             accepts=()),
     mapped("reward_model.reward_manager", (), choice({"naive": None, "dapo": None}, "task.reward_fn"),
            "naive and dapo score each row by its data_source reward, as rlcore does (dapo's overlong penalty: "
-           "reward_kwargs.overlong_buffer_cfg)", ("dapo", {})),
+           "reward_kwargs.overlong_buffer_cfg); with reward_model.enable=True both pass the reward model's score on "
+           "as the reward", ("dapo", {})),
     grouped("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "overlong",
             ("algorithm.overlong_buffer", "algorithm.overlong_max_len", "algorithm.overlong_penalty"),
             "DAPO's soft overlong penalty (GRPO): linear over the last len tokens before max_resp_len",
@@ -590,9 +731,7 @@ TABLE: list[Key] = [
     grouped("reward_model.reward_kwargs.max_resp_len", "overlong", ("algorithm.overlong_max_len",),
             "with enable=True", None),
     ignored("reward_model.reward_kwargs.overlong_buffer_cfg.log", LOGGING),
-    refused("reward_model.enable", "model-based rewards are not supported; rewards are functions",
-            "task.reward_fn", accepts=(False,)),
-    ignored("reward_model.*", "used only with reward_model.enable=True (refused)"),
+    *reward_model_rows(),
     # --- algorithm ----------------------------------------------------------------------------------------------
     mapped("algorithm.adv_estimator", "algorithm.name",
            choice({"grpo": "grpo", "gae": "ppo", "rloo": "rloo"}, "algorithm.name"),

@@ -18,9 +18,10 @@ from rlcore_verl.groups import GROUPS
 from rlcore_verl.keys import IGNORED, IMPLIED, REFUSED, TRANSLATED, Key, Refused, key_names, lookup
 from rlcore_verl.lines import Line, refusal, show
 
-# top-level sections only verl has; a key under them that the table lacks is an unknown verl key
-VERL_SECTIONS = {"data", "actor_rollout_ref", "reward_model", "custom_reward_function", "ray_kwargs",
-                 "global_profiler", "transfer_queue", "reward_manager"}
+# top-level sections only verl has; a key under them that the table lacks is an unknown verl key (reward_model is
+# rlcore's too: a key there is verl's when the table has it or rlcore's schema lacks it)
+VERL_SECTIONS = {"data", "actor_rollout_ref", "custom_reward_function", "ray_kwargs", "global_profiler",
+                 "transfer_queue", "reward_manager"}
 
 
 @dataclass

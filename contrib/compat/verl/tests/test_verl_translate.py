@@ -68,26 +68,28 @@ def test_translated_rows_without_an_example_are_read_with_a_group_that_has_one()
             assert row.group in groups_with_examples, row.verl
 
 
+# ``needs``: what makes the row apply (the reward model's rows: reward_model.enable=True with a model.path)
+
 @pytest.mark.parametrize("row", [r for r in TABLE if r.status == IGNORED], ids=lambda r: r.verl)
 def test_each_ignored_key_is_listed_with_its_reason(row):
     value = json.dumps(row.accepts[0]) if row.accepts else "7"
-    t = translate([f"{_concrete(row.verl)}={value}"])
+    t = translate([f"{_concrete(row.verl)}={value}", *row.needs])
     assert (t.lines[0].status, t.lines[0].note) == (IGNORED, row.why)
-    assert set(t.overrides) <= {"actor.dtype", "critic.dtype"}          # verl's bf16 default, nothing else
+    assert set(t.overrides) <= {"actor.dtype", "critic.dtype"} | set(translate(list(row.needs)).overrides)
     if row.accepts:             # a value that would matter is refused, not ignored
         with pytest.raises(ConfigError, match="is not supported"):
-            translate([f"{_concrete(row.verl)}=12345"])
+            translate([f"{_concrete(row.verl)}=12345", *row.needs])
 
 
 @pytest.mark.parametrize("row", [r for r in TABLE if r.status == REFUSED], ids=lambda r: r.verl)
 def test_each_refused_key_names_why_and_the_closest_setting(row):
     with pytest.raises(ConfigError) as e:
-        translate([f"{_concrete(row.verl)}=12345"])
+        translate([f"{_concrete(row.verl)}=12345", *row.needs])
     message = str(e.value)
     assert "\n" not in message and row.verl.rstrip(".*") in message and row.why in message
     assert f"closest rlcore setting: {row.closest}" in message
     for fine in row.accepts:    # the values that change nothing are listed as such
-        assert translate([f"{_concrete(row.verl)}={json.dumps(fine)}"]).lines[0].status == IGNORED
+        assert translate([f"{_concrete(row.verl)}={json.dumps(fine)}", *row.needs]).lines[0].status == IGNORED
 
 
 # Every key the Megatron examples of verl b178a3c set (examples/grpo_trainer/*megatron*.sh and
@@ -248,6 +250,171 @@ def test_verls_lora_keys_in_both_forms_set_the_actors_adapters():
         assert (lora.rank, lora.alpha, lora.target_modules) == (16, 32.0, ["linear_qkv", "linear_fc1"])
     every = translate([f"{ARR}.model.lora_rank=8", f"{ARR}.model.target_modules=all-linear"]).overrides
     assert every["actor.lora.target_modules"] == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+
+
+# --- reward models ----------------------------------------------------------------------------------------------
+
+RM = "reward_model"
+RM_ON = [f"{RM}.enable=True", f"{RM}.model.path=/ckpt/rm"]
+
+
+def test_reward_model_keys_have_no_effect_unless_the_reward_model_is_enabled():
+    keys = [f"{RM}.model.path=/ckpt/rm", f"{RM}.micro_batch_size_per_gpu=4",
+            f"{RM}.megatron.tensor_model_parallel_size=2", f"{RM}.strategy=fsdp", f"{RM}.model.external_lib=pkg",
+            f"{RM}.enable_resource_pool=True", f"{RM}.load_weight=False"]
+    for given in (keys, [f"{RM}.enable=False", *keys]):        # verl's default, and said
+        t = translate(given)
+        assert all(line.status == IGNORED for line in t.lines), t.table()
+        assert not any(k.startswith(f"{RM}.") for k in t.overrides)
+        assert "used only with reward_model.enable=True" in t.lines[-1].note
+
+
+def test_an_enabled_reward_model_translates_its_checkpoint_batching_and_layout():
+    t = translate([*RM_ON, f"{RM}.micro_batch_size_per_gpu=16", f"{RM}.megatron.tensor_model_parallel_size=2",
+                   f"{RM}.megatron.pipeline_model_parallel_size=2", f"{RM}.megatron.context_parallel_size=2",
+                   f"{RM}.megatron.expert_model_parallel_size=2", f"{RM}.megatron.sequence_parallel=False",
+                   f"{RM}.megatron.param_offload=True", f"{RM}.model.input_tokenizer=/ckpt/policy",
+                   f"{RM}.model.trust_remote_code=True", f"{RM}.reward_manager=naive", f"{RM}.strategy=megatron"])
+    rm = {k: v for k, v in t.overrides.items() if k.startswith(f"{RM}.")}
+    assert rm == {f"{RM}.path": "/ckpt/rm", f"{RM}.dtype": "bfloat16", f"{RM}.micro_batch_size": 16,
+                  f"{RM}.parallel.tp": 2, f"{RM}.parallel.pp": 2, f"{RM}.parallel.cp": 2, f"{RM}.parallel.ep": 2,
+                  f"{RM}.parallel.sp": False, f"{RM}.offload.params": True}
+    status = {line.verl: line.status for line in t.lines}
+    assert status[f"{RM}.model.input_tokenizer"] == IGNORED and status[f"{RM}.strategy"] == IGNORED
+    assert "re-tokenizes" in next(line.note for line in t.lines if line.verl == f"{RM}.model.input_tokenizer")
+    assert "weight 0" in t.lines[0].note            # the enable line says what the reward is
+    # the dtype given wins over verl's bfloat16 default
+    assert translate([*RM_ON, f"{RM}.megatron.dtype=float32"]).overrides[f"{RM}.dtype"] == "float32"
+
+
+def test_the_reward_models_tp_is_the_one_verl_uses_and_its_pool_its_world_size():
+    both = [*RM_ON, f"{RM}.megatron.tensor_model_parallel_size=2", f"{RM}.rollout.tensor_model_parallel_size=4"]
+    t = translate(both)                                  # the reward loop (verl's default): the engine's TP
+    assert (t.overrides[f"{RM}.parallel.tp"], t.overrides[f"{RM}.parallel.sp"]) == (4, True)
+    assert t.lines[2].status == IGNORED and "use_reward_loop=True" in t.lines[2].note
+    t = translate([*both, f"{RM}.use_reward_loop=False"])  # the legacy Megatron workers: theirs
+    assert t.overrides[f"{RM}.parallel.tp"] == 2 and t.lines[3].status == IGNORED
+    t = translate([*RM_ON, f"{RM}.rollout.tensor_model_parallel_size=2", f"{RM}.rollout.name=vllm",
+                   f"{RM}.rollout.gpu_memory_utilization=0.8", f"{RM}.num_workers=8"])
+    assert t.overrides[f"{RM}.parallel.tp"] == 2 and [line.status for line in t.lines[3:]] == [IGNORED] * 3
+    pool = translate([*RM_ON, f"{RM}.enable_resource_pool=True", f"{RM}.n_gpus_per_node=4", f"{RM}.nnodes=2"])
+    assert pool.overrides[f"{RM}.world_size"] == 8
+    shared = translate([*RM_ON, f"{RM}.n_gpus_per_node=4", f"{RM}.nnodes=2"])
+    assert f"{RM}.world_size" not in shared.overrides and shared.lines[-1].status == IGNORED
+
+
+def test_the_reward_models_token_budget_follows_verls_defaults():
+    own = translate([*RM_ON, f"{RM}.use_dynamic_bsz=True", f"{RM}.forward_max_token_len_per_gpu=4096"]).overrides
+    assert (own[f"{RM}.max_tokens_per_micro_batch"], own[f"{RM}.pack_sequences"]) == (4096, True)
+    # verl's reward_model.use_dynamic_bsz is the critic's, the critic's the actor's; the budget the critic's
+    inherited = translate([*RM_ON, f"{A}.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=8192"]).overrides
+    assert (inherited[f"{RM}.max_tokens_per_micro_batch"], inherited[f"{RM}.pack_sequences"]) == (8192, True)
+    off = translate([*RM_ON, f"{A}.use_dynamic_bsz=True", f"{RM}.use_dynamic_bsz=False"]).overrides
+    assert off[f"{RM}.max_tokens_per_micro_batch"] == 0
+
+
+@pytest.mark.parametrize("given, names, says", [
+    ([f"{RM}.enable=True"], f"{RM}.enable", "add reward_model.model.path="),
+    ([*RM_ON, f"{RM}.strategy=fsdp"], f"{RM}.strategy", "rlcore runs the reward model on Megatron"),
+    ([*RM_ON, "custom_reward_function.path=/r.py"], f"{RM}.enable", "set reward_model.use_reward_loop=False"),
+    ([*RM_ON, f"{RM}.enable_resource_pool=True"], f"{RM}.enable_resource_pool", "give both"),
+    ([*RM_ON, f"{RM}.model.external_lib=my_models"], f"{RM}.model.external_lib", "installed model family"),
+    ([*RM_ON, f"{RM}.micro_batch_size=64"], f"{RM}.micro_batch_size", "closest rlcore setting: reward_model.micro_batch_size"),
+    ([*RM_ON, f"{RM}.megatron.virtual_pipeline_model_parallel_size=2"], "virtual_pipeline", "interleaved"),
+    ([*RM_ON, f"{RM}.load_weight=False"], f"{RM}.load_weight", "random weights"),
+    ([f"{RM}.reward_loop_source=importlib"], f"{RM}.reward_loop_source", "custom reward-loop classes"),
+])
+def test_what_rlcore_cannot_do_with_a_reward_model_is_refused_in_one_line(given, names, says):
+    with pytest.raises(ConfigError) as e:
+        translate(given)
+    message = str(e.value)
+    assert "\n" not in message and names in message and says in message, message
+
+
+def test_an_enabled_reward_model_with_a_rule_based_reward_scores_as_verl_does(tmp_path):
+    """verl returns the reward model's score in place of the rule-based reward (legacy workers), or under its reward
+    loop scores with a custom function alone (refused above): rlcore trains on the reward model's score and logs the
+    function's beside it at weight 0."""
+    from rlcore.rewards import build_rewards
+    from rlcore.specs import RewardSpec
+
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return 10.0\n")
+    t = translate([*RM_ON, f"{RM}.use_reward_loop=False", f"custom_reward_function.path={reward}",
+                   f"{RM}.reward_manager=dapo", f"{RM}.reward_kwargs.overlong_buffer_cfg.enable=True",
+                   f"{RM}.reward_kwargs.overlong_buffer_cfg.len=64", f"{RM}.reward_kwargs.max_resp_len=256"])
+    assert t.overrides["task.reward_fn"] == f"{reward}:compute_score" and "task.rewards" not in t.overrides
+    assert not any(k.startswith("algorithm.overlong") for k in t.overrides)   # verl's dapo manager skips it too
+    cfg = load_config("quickstart", [f"{k}={json.dumps(v)}" for k, v in t.overrides.items()
+                                     if not k.startswith(f"{RM}.")])
+    registry = load_plugins(["qwen3", "grpo"]).registry
+    registry.add("rewards", RewardSpec("rm", lambda r, m, s: [0.5] * len(r), sequences=True), owner="test")
+    composer = build_rewards(cfg.task, "", {}, registry, model_reward=cfg.reward_model.name)
+    assert [(spec.name, weight) for spec, weight in composer.rewards] == [("rm", 1.0), ("compute_score", 0.0)]
+    scores = composer(["x"], [{"data_source": "d", "answer": "1"}], [[1, 2]])
+    assert scores.total.tolist() == [0.5] and scores.components["compute_score"].tolist() == [10.0]
+
+
+def test_run_verl_tells_verls_reward_model_keys_from_rlcores(registry):
+    overrides, t = run_overrides([*RM_ON, f"{RM}.megatron.tensor_model_parallel_size=2", f"{RM}.name=score",
+                                  f"{RM}.world_size=4", f"{RM}.parallel.pp=2"], registry)
+    assert [line.verl for line in t.lines][:3] == [*(item.split("=")[0] for item in RM_ON),
+                                                   f"{RM}.megatron.tensor_model_parallel_size"]
+    assert overrides[-3:] == [f"{RM}.name=score", f"{RM}.world_size=4", f"{RM}.parallel.pp=2"]   # rlcore's own
+    with pytest.raises(ConfigError, match="did you mean 'reward_model.model.path'"):
+        run_overrides([f"{RM}.enable=True", f"{RM}.model.pth=/ckpt/rm"], registry)
+
+
+def _reward_model_checkpoint(path: Path) -> Path:
+    """A tiny Qwen2 sequence classifier, as transformers writes one (config.json and model.safetensors)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, num_labels=1,
+                         pad_token_id=0, architectures=["Qwen2ForSequenceClassification"])
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    return path
+
+
+def test_a_verl_command_line_with_a_reward_model_translates_to_a_config_rlcore_loads(tmp_path, registry, capsys):
+    from rlcore.cli import main
+    from rlcore.megatron.reward_model import check_reward_model
+
+    rm = _reward_model_checkpoint(tmp_path / "rm")
+    verl = ["algorithm.adv_estimator=gae", "data.train_files=/data/hh/train.parquet",
+            "data.val_files=/data/hh/test.parquet", "data.train_batch_size=256", "data.max_prompt_length=512",
+            "data.max_response_length=512", "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct",
+            f"{A}.ppo_mini_batch_size=64", f"{A}.ppo_micro_batch_size_per_gpu=4",
+            f"{A}.megatron.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "critic.optim.lr=1e-5",
+            "critic.ppo_micro_batch_size_per_gpu=4", "critic.megatron.tensor_model_parallel_size=2",
+            f"{RM}.enable=True", f"{RM}.model.path={rm}", f"{RM}.model.input_tokenizer=null",
+            f"{RM}.micro_batch_size_per_gpu=8", f"{RM}.megatron.tensor_model_parallel_size=2",
+            f"{RM}.megatron.pipeline_model_parallel_size=2", f"{RM}.megatron.param_offload=True",
+            f"{RM}.use_reward_loop=False", f"{RM}.reward_manager=naive", "algorithm.use_kl_in_reward=False",
+            "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.total_training_steps=10"]
+    overrides, t = run_overrides(verl, registry)
+    assert all(line.status in (TRANSLATED, IGNORED) for line in t.lines)
+    cfg = load_config("quickstart", overrides)
+    section = cfg.reward_model
+    assert (section.path, section.name, section.micro_batch_size, section.dtype) == (str(rm), "rm", 8, "bfloat16")
+    assert (section.parallel.tp, section.parallel.pp, section.parallel.sp, section.offload.params) == (2, 2, True, True)
+    assert section.world_size == 0 and cfg.trainer.world_size == 8 and not cfg.task.rewards
+    hf_config = json.loads((rm / "config.json").read_text())
+    assert check_reward_model(registry.models, hf_config, str(rm), section.dtype).name == "qwen2"
+    # the same as a script, through `rlcore verl translate`
+    script = tmp_path / "run_qwen2-7b_rm.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo \\\n" + "".join(f"    {item} \\\n" for item in verl)
+                      + "    $@\n")
+    out = tmp_path / "rm.yaml"
+    assert main(["verl", "translate", str(script), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert f"path: {json.dumps(str(rm))}  # reward_model.enable, reward_model.model.path" in out.read_text()
+    recipe = load_config(str(out))
+    assert (recipe.reward_model.path, recipe.reward_model.parallel.pp) == (str(rm), 2)
 
 
 def test_total_epochs_counts_the_training_rows(tmp_path):
