@@ -104,7 +104,8 @@ def dry_run(cfg, plugins) -> int:
         check_converted_dtype(cfg, os.path.expanduser(cfg.model.path))
     check_rollout_backend(cfg, reg, hf_config, here=False)
     check_context(cfg, hf_config)
-    problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg))
+    problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg),
+                             reg.models)
     if problems:
         print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
               file=sys.stderr)

@@ -10,6 +10,10 @@ Adam's state under the distributed optimizer (fp32 master copy when parameters a
 ``hybrid_adam``, part of it on the host: ``optimizer_bytes``) and, where the algorithm keeps one, the frozen
 reference policy's copy of the parameters (on the host with ``actor.offload.reference``) — on the busiest pipeline
 stage. Activations, the rollout engine's weights and KV cache come on top.
+
+A reward model (``reward_model.path``'s config.json, or ``reward_model.hf_config`` as above) is checked and counted
+the same way in its own layout and world (``reward_model_world``): its parameters only (it runs forward only: no
+gradients, no optimizer state), the score head [1, hidden] in place of the vocabulary projection.
 """
 from __future__ import annotations
 
@@ -25,17 +29,36 @@ from rlcore.lora.sizing import adapter_params, expert_adapter_params, lora_probl
 GIB = 1 << 30
 
 
+def _config_file(name: str) -> str:
+    """A config.json path, or the name of one bundled in configs/models."""
+    bundled = resources.files("rlcore.presets") / "models" / f"{name}.json"
+    return str(bundled) if bundled.is_file() else os.path.expanduser(name)
+
+
 def read_model_config(cfg: Config) -> dict:
     if cfg.model.path:
         path = os.path.join(os.path.expanduser(cfg.model.path), "config.json")
     elif cfg.model.hf_config:
-        bundled = resources.files("rlcore.presets") / "models" / f"{cfg.model.hf_config}.json"
-        path = str(bundled) if bundled.is_file() else os.path.expanduser(cfg.model.hf_config)
+        path = _config_file(cfg.model.hf_config)
     else:
         raise ConfigError("--dry-run needs the model's sizes: set model.path (a checkpoint) or model.hf_config (a "
                           "config.json path, or a bundled name such as deepseek-v3)")
+    return _read_config(path, "model.path / model.hf_config")
+
+
+def read_reward_model_config(cfg: Config) -> dict | None:
+    """The reward model's config.json: reward_model.path's, else reward_model.hf_config (a path or a bundled name,
+    as model.hf_config); None without a reward model."""
+    rm = cfg.reward_model
+    if not (rm.path or rm.hf_config):
+        return None
+    path = os.path.join(os.path.expanduser(rm.path), "config.json") if rm.path else _config_file(rm.hf_config)
+    return _read_config(path, "reward_model.path / reward_model.hf_config")
+
+
+def _read_config(path: str, keys: str) -> dict:
     if not os.path.isfile(path):
-        raise ConfigError(f"model config {path!r} does not exist (from model.path / model.hf_config)")
+        raise ConfigError(f"model config {path!r} does not exist (from {keys})")
     from rlcore.megatron.model import read_hf_config
     from rlcore.quantization import checkpoint_quantization
 
@@ -47,38 +70,40 @@ def read_model_config(cfg: Config) -> dict:
     return hf
 
 
-def layer_problems(num_layers: int, pp: int, last_stage_layers: int) -> list[str]:
+def layer_problems(num_layers: int, pp: int, last_stage_layers: int, section: str = "actor") -> list[str]:
+    """``section``: the model whose ``parallel`` keys these are (actor, reward_model)."""
     if pp == 1:
-        return ["actor.parallel.last_stage_layers needs actor.parallel.pp > 1"] if last_stage_layers else []
+        return [f"{section}.parallel.last_stage_layers needs {section}.parallel.pp > 1"] if last_stage_layers else []
     if not last_stage_layers:
         return [] if num_layers % pp == 0 else [
-            f"{num_layers} layers do not split evenly over actor.parallel.pp = {pp} stages: choose pp dividing "
-            f"{num_layers}, or set actor.parallel.last_stage_layers"]
+            f"{num_layers} layers do not split evenly over {section}.parallel.pp = {pp} stages: choose pp dividing "
+            f"{num_layers}, or set {section}.parallel.last_stage_layers"]
     rest = num_layers - last_stage_layers
     if last_stage_layers >= num_layers or rest % (pp - 1):
-        return [f"actor.parallel.last_stage_layers = {last_stage_layers} leaves {rest} of {num_layers} layers for "
-                f"{pp - 1} stages, which does not divide evenly"]
+        return [f"{section}.parallel.last_stage_layers = {last_stage_layers} leaves {rest} of {num_layers} layers "
+                f"for {pp - 1} stages, which does not divide evenly"]
     return []
 
 
-def divisibility_problems(config, cfg: Config) -> list[str]:
-    """What each parallel size splits must divide evenly (Megatron asserts some of these only at build time)."""
-    p = cfg.actor.parallel
-    problems = layer_problems(config.num_layers, p.pp, p.last_stage_layers)
+def divisibility_problems(config, cfg: Config, section: str = "actor") -> list[str]:
+    """What each parallel size of ``section`` (actor, reward_model) splits must divide evenly (Megatron asserts some
+    of these only at build time)."""
+    p = getattr(cfg, section).parallel
+    problems = layer_problems(config.num_layers, p.pp, p.last_stage_layers, section)
     splits = [("attention heads", config.num_attention_heads, "tp", p.tp),
               ("FFN width", config.ffn_hidden_size, "tp", p.tp)]
     if not getattr(config, "multi_latent_attention", False):
         splits.append(("query groups (KV heads)", config.num_query_groups, "tp", p.tp))
     if config.num_moe_experts:
         splits.append(("experts", config.num_moe_experts, "ep", p.ep))
-    problems += [f"{what} = {n} is not divisible by actor.parallel.{key} = {size}" for what, n, key, size in splits
-                 if n % size]
+    problems += [f"{what} = {n} is not divisible by {section}.parallel.{key} = {size}"
+                 for what, n, key, size in splits if n % size]
     if config.num_moe_experts and p.tp > 1 and not p.sp:    # megatron-core refuses it at the first update
-        problems.append(f"a MoE model at actor.parallel.tp = {p.tp} needs actor.parallel.sp=true (megatron-core "
-                        "trains MoE layers with tensor parallelism only with sequence parallelism)")
+        problems.append(f"a MoE model at {section}.parallel.tp = {p.tp} needs {section}.parallel.sp=true "
+                        "(megatron-core trains MoE layers with tensor parallelism only with sequence parallelism)")
     for key in dict.fromkeys(key for _, n, key, size in splits if n % size):      # what to choose instead
         common = math.gcd(*(n for _, n, k, _ in splits if k == key))
-        problems.append(f"actor.parallel.{key} values that divide every size it splits: "
+        problems.append(f"{section}.parallel.{key} values that divide every size it splits: "
                         f"{', '.join(str(d) for d in range(1, common + 1) if common % d == 0)}")
     return problems
 
@@ -132,9 +157,10 @@ class StageParams:
 
 
 def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int, lora=None,
-                 tp: int = 1, ep: int = 1) -> list[StageParams]:
+                 tp: int = 1, ep: int = 1, output_rows: int | None = None) -> list[StageParams]:
     """Parameters of each pipeline stage: embedding on the first, final norm and output layer on the last; with
-    ``lora`` (actor.lora, rank > 0) also a TP rank's adapters."""
+    ``lora`` (actor.lora, rank > 0) also a TP rank's adapters. ``output_rows``: the output layer's rows, the
+    vocabulary by default (1: a scalar head, a reward model's score head)."""
     h, gated = c.hidden_size, c.gated_linear_unit
     per_layer = []
     lora = lora if lora is not None and lora.rank else None
@@ -163,7 +189,7 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
         start += n
         dense = sum(d for d, _ in layers) + (vocab_size * h if s == 0 else 0)
         if s == pp - 1:
-            dense += h + (0 if tied and pp == 1 else vocab_size * h)
+            dense += h + (0 if tied and pp == 1 else (vocab_size if output_rows is None else output_rows) * h)
         stages.append(StageParams(dense, sum(e for _, e in layers), stage_adapters, stage_expert_adapters))
     return stages
 
@@ -212,28 +238,109 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False) -> dict:
                 stages=len(stages))
 
 
-def layout_problems(cfg: Config, spec, hf: dict) -> list[str]:
-    """Why the actor's parallel layout cannot split this model (empty: it can): the sizes each parallel size divides,
-    then Megatron's own checks of the layout. ``--dry-run`` and the run (``rlcore.preflight.check_layout``, before any
-    worker starts) both ask this, so a run refuses exactly what a dry run does rather than dying in a worker."""
+def layout_problems(cfg: Config, spec, hf: dict, section: str = "actor") -> list[str]:
+    """Why the actor's parallel layout (``section``: another model's, reward_model) cannot split this model (empty:
+    it can): the sizes each parallel size divides, then Megatron's own checks of the layout. ``--dry-run`` and the
+    run (``rlcore.preflight.check_layout``, before any worker starts) both ask this, so a run refuses exactly what a
+    dry run does rather than dying in a worker."""
     from rlcore.megatron.model import transformer_config
 
-    p = cfg.actor.parallel
-    unsplit = transformer_config(spec, hf, cfg.actor.dtype)
-    problems = divisibility_problems(unsplit, cfg) + lora_problems(unsplit, cfg)
+    model = getattr(cfg, section)
+    p = model.parallel
+    unsplit = transformer_config(spec, hf, model.dtype)
+    problems = divisibility_problems(unsplit, cfg, section) + (lora_problems(unsplit, cfg) if section == "actor"
+                                                               else [])
     if problems:
         return problems
     try:
-        transformer_config(spec, hf, cfg.actor.dtype, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, sequence_parallel=p.sp,
+        transformer_config(spec, hf, model.dtype, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, sequence_parallel=p.sp,
                            last_stage_layers=p.last_stage_layers)
     except (ValueError, AssertionError) as e:
-        return [f"Megatron refuses this layout for {spec.name}: {e}"]
+        return [f"Megatron refuses {'this layout' if section == 'actor' else f'{section}.parallel'} for "
+                f"{spec.name}: {e}"]
     return []
 
 
-def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]:
+def reward_model_spec(cfg: Config, models: dict, hf: dict):
+    """The reward model's family (``rlcore.megatron.reward_model.family_of``: among ``models``, the registry's) once
+    its config passes what the run checks before any worker starts (with reward_model.path, ``check_reward_model``,
+    its files' score head included; with reward_model.hf_config, the config's part of it) and its parallel sizes fit
+    its world as the config loader checks them; a ConfigError in one line naming the key otherwise."""
+    from rlcore.config import reward_model_world
+    from rlcore.config.loader import _check_layout
+    from rlcore.megatron.model import check_model_config
+    from rlcore.megatron.reward_model import check_reward_model, classifier_architecture, family_of
+
+    rm = cfg.reward_model
+    key, given = ("reward_model.path", rm.path) if rm.path else ("reward_model.hf_config", rm.hf_config)
+    try:
+        if rm.path:
+            spec = check_reward_model(models, hf, os.path.expanduser(rm.path), rm.dtype)
+        else:               # a config only (a plan for another machine): no weights to look into
+            spec, arch = family_of(models, hf), hf["architectures"][0]
+            if arch in spec.hf_architectures:
+                raise ValueError(f"it holds a {arch} checkpoint, a causal LM: a reward model is its sequence "
+                                 f"classifier ({classifier_architecture(arch)})")
+            labels = len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2)
+            if labels != 1:
+                raise ValueError(f"its score head is {labels} labels wide (id2label/num_labels): a reward model "
+                                 f"gives one score, num_labels=1")
+            check_model_config(spec, {**hf, "architectures": list(spec.hf_architectures[:1])}, rm.dtype)
+    except ValueError as e:
+        raise ConfigError(f"{key} {given!r}: {e}") from None
+    world_key = ("reward_model.world_size" if rm.world_size else "trainer.world_size"
+                 if cfg.trainer.mode == "colocated" else "rollout.world_size")
+    _check_layout("reward_model", rm, reward_model_world(cfg), world_key)
+    return spec
+
+
+def reward_model_estimate(c, hf: dict, cfg: Config) -> dict:
+    """The reward model's bytes per device (busiest stage) in its own layout: its parameters only, as it runs forward
+    only (no gradients, no optimizer state); the embedding on the first stage, the final norm and the score head
+    [1, hidden] on the last. With ``reward_model.offload.params`` they are on the device only during its passes and
+    on the host between them (``cpu_per_node``)."""
+    from rlcore.config import reward_model_world
+
+    rm, world = cfg.reward_model, reward_model_world(cfg)
+    p = rm.parallel
+    stages = stage_params(c, hf["vocab_size"], False, p.pp, p.last_stage_layers, tp=p.tp, ep=p.ep, output_rows=1)
+    params = max(s.dense / p.tp + s.experts / p.ep for s in stages) * (2 if rm.dtype == "bfloat16" else 4)
+    return dict(total_params=sum(s.dense + s.experts for s in stages), params=params, world=world,
+                dp=world // (p.tp * p.pp * p.cp), expert_dp=world // (p.ep * p.pp),
+                cpu_per_node=params * min(cfg.trainer.devices_per_node, world) if rm.offload.params else 0.0)
+
+
+def _reward_model_lines(cfg: Config, spec, config, m: dict, actor_per_device: float) -> list[str]:
+    rm, p = cfg.reward_model, cfg.reward_model.parallel
+    colocated = cfg.trainer.mode == "colocated"
+    beside, theirs = ("the actor", cfg.trainer.world_size) if colocated else ("the rollout workers",
+                                                                             cfg.rollout.world_size)
+    where = (f"its own {m['world']} processes, one per device of {beside}'s {theirs} ({cfg.trainer.mode}: the same "
+             f"devices)" if m["world"] == theirs else
+             f"its own {m['world']} processes (reward_model.world_size), one per device")
+    resident = (f"on the device only while it scores (reward_model.offload.params=true); between its passes on the "
+                f"host, {m['cpu_per_node'] / GIB:.0f} GiB per node" if rm.offload.params else
+                "kept on the device between its passes (reward_model.offload.params=false)"
+                + (f": with the actor's, {(actor_per_device + m['params']) / GIB:.1f} GiB per device"
+                   if colocated and m["world"] == theirs else ""))
+    return [
+        f"reward     {spec.name} sequence classifier ({'reward_model.path' if rm.path else 'reward_model.hf_config'}"
+        f" {rm.path or rm.hf_config}): {m['total_params'] / 1e9:.1f}B parameters, {config.num_layers} layers"
+        + (f", {config.num_moe_experts} experts" if config.num_moe_experts else "")
+        + f", score head [1, {config.hidden_size}] in place of the vocabulary projection; forward only",
+        f"           world {m['world']} = tp {p.tp} x pp {p.pp} x cp {p.cp} x dp {m['dp']}"
+        + (f"; ep {p.ep} (expert dp {m['expert_dp']})" if config.num_moe_experts else "") + "; "
+        + (f"last stage {p.last_stage_layers} layers" if p.last_stage_layers else "layers split evenly")
+        + f"; {where}",
+        f"           per device params {m['params'] / GIB:.1f} GiB ({rm.dtype}, busiest stage; no gradients, no "
+        f"optimizer state): {resident}",
+    ]
+
+
+def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = None) -> tuple[list[str], str]:
     """(problems, report). No problems = the layout fits this model (model state only; see the module docstring).
-    ``reference``: the algorithm keeps a frozen reference policy (``estimate``)."""
+    ``reference``: the algorithm keeps a frozen reference policy (``estimate``). ``models``: the registry's model
+    families, among which a reward model's (reward_model.path / hf_config) is found; it is checked and counted too."""
     from rlcore.megatron.model import check_model_config, transformer_config
 
     hf, p = read_model_config(cfg), cfg.actor.parallel
@@ -242,6 +349,10 @@ def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]
     except ValueError as e:
         raise ConfigError(f"model config {cfg.model.path or cfg.model.hf_config!r}: {e}") from e
     problems = layout_problems(cfg, spec, hf)
+    rm_hf = read_reward_model_config(cfg) if models is not None else None
+    if rm_hf is not None:
+        rm_spec = reward_model_spec(cfg, models, rm_hf)
+        problems += layout_problems(cfg, rm_spec, rm_hf, "reward_model")
     if problems:
         return problems, ""
     config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
@@ -285,4 +396,8 @@ def dry_run(cfg: Config, spec, reference: bool = False) -> tuple[list[str], str]
                      f"{r.max_staleness}, partial {r.partial}, weights pushed every {r.sync_every} step(s) from the "
                      f"trainer's rank 0 in buckets of {r.sync_bucket_mb:g} MB; old policy: "
                      f"actor.old_logprobs={cfg.actor.old_logprobs}")
+    if rm_hf is not None:
+        rm_config = transformer_config(rm_spec, rm_hf, cfg.reward_model.dtype)
+        lines += _reward_model_lines(cfg, rm_spec, rm_config, reward_model_estimate(rm_config, rm_hf, cfg),
+                                     sum(d.values()))
     return [], "\n".join(lines)

@@ -153,6 +153,8 @@ class RewardModelConfig(TrainedModelConfig):
     and response) on the rollout side. Its score is the reward component ``name``. ``rlcore train-rm`` trains one
     with this section's layout, batching and optimizer."""
     path: str = ""                # HF checkpoint (e.g. LlamaForSequenceClassification); empty = no reward model
+    hf_config: str = ""           # sizes for `--dry-run` without a checkpoint: a config.json path, or a bundled name
+                                  # (llama-3.1-70b-sequence-classifier); a run reads reward_model.path
     name: str = "rm"              # the reward component it gives: task.rewards={rm: 1.0, format: 0.1}; unnamed there,
                                   # the reward is rm alone and the task's own reward is logged beside it (weight 0)
     world_size: int = 0           # its worker processes; 0 = trainer.world_size (async: rollout.world_size)
