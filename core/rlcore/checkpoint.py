@@ -192,3 +192,11 @@ def logged_history(run_dir: str, step: int) -> list[dict]:
         f.writelines(kept)
     nan = lambda row: {k: float("nan") if v is None else v for k, v in row.items()}  # noqa: E731 (jsonl: null)
     return [nan(json.loads(line)) for line in kept]
+
+
+def run_directory(cfg) -> str:
+    """Where a run writes: run.dir (``~`` expanded, as verl's checkpoint folders are written), else
+    runs/<start time>. Fixed once: the config then holds it."""
+    started = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    cfg.run.dir = os.path.expanduser(cfg.run.dir) if cfg.run.dir else started
+    return cfg.run.dir

@@ -1,4 +1,4 @@
-"""`rlcore run`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`, and the
+"""`rlcore run`, `rlcore train-rm`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`, and the
 commands and `rlcore run` flags plugins add (``rlcore_commands``, ``rlcore_run_dialects``). User mistakes print one
 line and exit 2; nothing else changes."""
 from __future__ import annotations
@@ -52,23 +52,17 @@ def cmd_run(args) -> int:
             overrides, translation = dialect.translate(overrides, plugins.registry)
             print(dialect.describe(translation))
             translations.append((dialect, translation))
-    if args.resume:                                # the run's own config, then any overrides
-        if source is not None:
-            raise ConfigError(f"--resume {args.resume} continues that run with its own config: give key=value "
-                              f"overrides only, not {source!r}")
-        source = os.path.join(args.resume, "config.yaml")
-        if not os.path.isfile(source):
-            raise ConfigError(f"--resume {args.resume!r}: not a run directory (no config.yaml)")
-        overrides = [*overrides, f"run.dir={args.resume}", "trainer.resume=latest"]
+    if args.resume:
+        source, overrides = _resumed(args.resume, source, overrides)
     cfg = load_config(source, overrides)           # config errors surface before anything starts
     plugins = plugins or load_plugins(parse_selection(args.plugins))
     if args.dry_run:
         return dry_run(cfg, plugins)
     import torch
 
-    from rlcore.checkpoint import how_to_resume
+    from rlcore.checkpoint import how_to_resume, run_directory
     from rlcore.errors import WorkerDied
-    from rlcore.run import Run, run_directory
+    from rlcore.run import Run
 
     torch.set_num_threads(1)
     for dialect, translation in translations:     # saved beside the run's config, so its directory is named now
@@ -111,6 +105,42 @@ def dry_run(cfg, plugins) -> int:
               file=sys.stderr)
         return 2
     print(report)
+    return 0
+
+
+def _resumed(run_dir: str, source: str | None, overrides: list[str]) -> tuple[str, list[str]]:
+    """``--resume <run dir>``: the run's own config, then any overrides."""
+    from rlcore.errors import ConfigError
+
+    if source is not None:
+        raise ConfigError(f"--resume {run_dir} continues that run with its own config: give key=value overrides "
+                          f"only, not {source!r}")
+    source = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(source):
+        raise ConfigError(f"--resume {run_dir!r}: not a run directory (no config.yaml)")
+    return source, [*overrides, f"run.dir={run_dir}", "trainer.resume=latest"]
+
+
+def cmd_train_rm(args) -> int:
+    import torch
+
+    from rlcore.config import load_config
+    from rlcore.plugins import load_plugins, parse_selection
+    from rlcore.reward_training import RewardModelTraining
+
+    source, overrides = _split_args(args.args)
+    if args.resume:
+        source, overrides = _resumed(args.resume, source, overrides)
+    cfg = load_config(source, overrides)
+    torch.set_num_threads(1)
+    training = RewardModelTraining(cfg, load_plugins(parse_selection(args.plugins)))
+    try:
+        summary = training.train()
+    finally:
+        training.close()
+    print(f"held-out pairwise accuracy ({summary['val_pairs']} pairs): before {summary['val_accuracy_before']:.3f}, "
+          f"after {summary['val_accuracy_after']:.3f}")
+    print(f"reward model: {summary['hf']} (score with it: rlcore run ... reward_model.path={summary['hf']})")
     return 0
 
 
@@ -205,6 +235,12 @@ def build_parser(loaded=None) -> argparse.ArgumentParser:
         run.add_argument(f"--{dialect.flag}", action="store_true", dest=_dest(dialect), help=dialect.help)
     run.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
     run.set_defaults(func=cmd_run)
+    rm = sub.add_parser("train-rm", help="train a scalar reward model on preference pairs (Bradley-Terry): rlcore "
+                        "train-rm [--plugins=a,b] [config.yaml|preset] reward_training.train_files=[pairs.parquet]")
+    rm.add_argument("--plugins", help="comma-separated entry points to load (default: every installed one)")
+    rm.add_argument("--resume", metavar="RUN_DIR", help="continue from the run's newest complete checkpoint")
+    rm.add_argument("args", nargs="*", help="a YAML file or preset name (default: quickstart), then key=value")
+    rm.set_defaults(func=cmd_train_rm)
     for command in registry.commands.values() if registry else ():       # listed after `run`
         cmd = sub.add_parser(command.name, help=command.help)
         command.add_arguments(cmd)

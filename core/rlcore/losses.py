@@ -131,3 +131,17 @@ def with_kl_loss(per_token: torch.Tensor, metrics: dict, logp: torch.Tensor, ref
     kl = kl_estimate(logp, ref_logp, estimator)
     metrics["actor/kl_ref"] = masked_mean(kl, mask).item()
     return per_token + coef * kl
+
+
+def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor, real: torch.Tensor, total_pairs: float
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+    """A reward model's pairwise loss, -log sigmoid(r(chosen) - r(rejected)), summed over this micro-batch's ``real``
+    pairs and divided by the mini-batch's ``total_pairs`` (its share of the mini-batch mean); and the micro-batch's
+    mean loss, pairwise accuracy and margin."""
+    margin = chosen - rejected
+    per_pair = -torch.nn.functional.logsigmoid(margin)
+    weight = real.to(per_pair.dtype)
+    count = max(float(weight.sum()), 1.0)
+    seen = lambda x: float((x.detach() * weight).sum()) / count  # noqa: E731
+    metrics = {"rm/loss": seen(per_pair), "rm/accuracy": seen((margin > 0).to(weight.dtype)), "rm/margin": seen(margin)}
+    return (per_pair * weight).sum() / total_pairs, metrics

@@ -7,12 +7,11 @@ import dataclasses
 import json
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 from rlcore import checkpoint
 from rlcore.cadence import Cadence
-from rlcore.checkpoint import Checkpointer, resolve_resume
+from rlcore.checkpoint import Checkpointer, resolve_resume, run_directory
 from rlcore.config import (Config, bind_agent, bind_plugin_section, check_runnable_here, reward_model_world,
                            save_config, to_dict)
 from rlcore.errors import RlcoreError
@@ -115,6 +114,7 @@ class Run:
 
         from rlcore.megatron import patches
         from rlcore.megatron.model import check_model_config, read_hf_config
+        from rlcore.reward_training import prepare_reward_model
         from rlcore.rollout.queued import QueuedSource
         from rlcore.workers.proxies import ActorGroup, ColocatedGroup, CriticGroup, RewardModelGroup
         from rlcore.workers.rollout_worker import RolloutWorkers
@@ -159,6 +159,10 @@ class Run:
                                       world=cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.sleep()
         if self.model_reward is not None:
+            if not self.model_reward.path:      # trained first from reward_training's pairs (cached)
+                trained = prepare_reward_model(cfg, self.plugins)
+                assert trained is not None
+                self.model_reward.use(trained, self.plugins.registry, cfg.reward_model.dtype)
             self.reward_model = RewardModelGroup(cfg, self.plugins.selection, self.model_reward.path,
                                                  world=reward_model_world(cfg))
             self.reward_model.sleep()
@@ -254,11 +258,3 @@ def check_agent(cfg: Config, reg) -> AgentSpec:
     if agent.check is not None:
         agent.check(agent_cfg, reg)
     return agent
-
-
-def run_directory(cfg) -> str:
-    """Where a run writes: run.dir (``~`` expanded, as verl's checkpoint folders are written), else
-    runs/<start time>. Fixed once: the config then holds it."""
-    started = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    cfg.run.dir = os.path.expanduser(cfg.run.dir) if cfg.run.dir else started
-    return cfg.run.dir

@@ -350,7 +350,7 @@ def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = No
         raise ConfigError(f"model config {cfg.model.path or cfg.model.hf_config!r}: {e}") from e
     problems = layout_problems(cfg, spec, hf)
     rm_hf = read_reward_model_config(cfg) if models is not None else None
-    if rm_hf is not None:
+    if models is not None and rm_hf is not None:
         rm_spec = reward_model_spec(cfg, models, rm_hf)
         problems += layout_problems(cfg, rm_spec, rm_hf, "reward_model")
     if problems:

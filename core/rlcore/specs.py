@@ -278,6 +278,13 @@ class Task(abc.ABC):
         """(prompt, completion) pairs for a supervised warm start; tasks without them raise."""
         raise NotImplementedError(f"task {type(self).__name__} has no supervised examples for a warm start")
 
+    def preference_pairs(self, count: int, held_out: bool) -> list[tuple[str, str, str]]:
+        """(prompt, chosen, rejected) pairs for a reward model (``reward_training.synthetic_pairs``), the chosen
+        response better than the rejected one; ``held_out``: on the held-out prompts (the reward model's own
+        held-out accuracy), else on training prompts. Tasks without them raise."""
+        raise NotImplementedError(f"task {type(self).__name__} makes no preference pairs: give "
+                                  f"reward_training.train_files instead")
+
     def write_tokenizer(self, directory: str) -> int:
         """Write an HF tokenizer for built-in tiny models into ``directory``; return its vocabulary size."""
         raise NotImplementedError(f"task {type(self).__name__} has no built-in tokenizer; set model.path")

@@ -147,7 +147,7 @@ def test_a_run_directory_expands_home_and_is_fixed_in_the_config():
     folder literally named '~'."""
     import os
 
-    from rlcore.run import run_directory
+    from rlcore.checkpoint import run_directory
 
     cfg = load_config("quickstart", ["run.dir=~/verl/ckpt/x"])
     assert run_directory(cfg) == os.path.expanduser("~/verl/ckpt/x") == cfg.run.dir

@@ -171,6 +171,12 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
     ("trainer.profile_steps", lambda v: all(s >= 1 for s in v), "a list of step numbers >= 1, e.g. [2, 5]"),
     ("warm_start.steps", lambda v: v >= 0, "an integer >= 0"),
+    ("reward_training.synthetic_pairs", lambda v: v >= 0, "an integer >= 0"),
+    ("reward_training.val_pairs", lambda v: v >= 1, "an integer >= 1"),
+    ("reward_training.pairs_per_step", lambda v: v >= 1, "an integer >= 1"),
+    ("reward_training.epochs", lambda v: v > 0, "a number > 0"),
+    ("reward_training.eval_every", lambda v: v >= 1, "an integer >= 1"),
+    ("reward_training.warm_start_accuracy", lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = the policy's start)"),
     ("warm_start.target_accuracy", lambda v: 0 <= v <= 1, "a number from 0 to 1 (0 = no target)"),
     ("warm_start.eval_every", lambda v: v >= 1, "an integer >= 1"),
 ]

@@ -161,6 +161,30 @@ class RewardModelConfig(TrainedModelConfig):
 
 
 @dataclass
+class RewardTrainingConfig:
+    """A scalar reward model trained with the Bradley-Terry loss, -log sigmoid(r(chosen) - r(rejected)), on
+    preference pairs: by ``rlcore train-rm``, or by ``rlcore run`` first when reward_model.path is empty and pairs are
+    given here (then cached under warm_start.cache_dir, as the warm start is). Its layout, batching, precision and
+    optimizer are reward_model.*'s; train-rm's checkpoints, resume and loggers are trainer.*'s."""
+    train_files: List[str] = field(default_factory=list)   # Parquet rows of prompt, chosen, rejected (text, or chat
+                                  # messages); verl's and OpenRLHF's column names are these
+    val_files: List[str] = field(default_factory=list)     # held-out pairs; none: val_pairs taken from the training ones
+    prompt_key: str = "prompt"    # empty: chosen and rejected hold the whole conversation
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    synthetic_pairs: int = 0      # instead of files: this many pairs made by the task (Task.preference_pairs)
+    val_pairs: int = 256          # held-out pairs when there are no val_files
+    pairs_per_step: int = 32      # pairs per optimizer update
+    epochs: float = 1.0           # passes over the training pairs (train-rm's steps follow from it)
+    eval_every: int = 50          # held-out pairwise accuracy every N steps, and after the last
+    init_from: str = ""           # the checkpoint it starts from: a causal LM (its body; the score head starts at 0)
+                                  # or a sequence classifier; empty = model.path (the run's starting policy)
+    warm_start_accuracy: float = 0.0  # with model.path and init_from empty: start from the task's tiny model warm-
+                                  # started to this held-out accuracy (a judge stronger than the policy; 0 = the
+                                  # policy's own starting checkpoint)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "vllm"         # a registered rollout backend
     agent: str = "single_turn"    # a registered agent: how an episode uses the engine (one response, or turns)
@@ -246,6 +270,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    reward_training: RewardTrainingConfig = field(default_factory=RewardTrainingConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     agent: Dict[str, Any] = field(default_factory=dict)  # the options of rollout.agent, bound to its own dataclass
     task: TaskConfig = field(default_factory=TaskConfig)

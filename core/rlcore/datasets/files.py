@@ -46,25 +46,33 @@ def read_prompt_files(paths: list[str], columns: Columns = Columns(), default_so
     return [record for path in paths for record in _read_file(path, columns, default_source)]
 
 
-def _read_file(path: str, columns: Columns, default_source: str) -> list[PromptRecord]:
+def read_rows(path: str, what: str = "prompt file") -> list[dict]:
+    """A file's rows as dicts; a missing, unreadable, empty or unknown-format file raises one ConfigError naming it
+    (as ``what``)."""
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
-        raise ConfigError(f"prompt file {path!r} does not exist")
+        raise ConfigError(f"{what} {path!r} does not exist")
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
-        raise ConfigError(f"prompt file {path!r}: unknown format {suffix or '(no suffix)'!r}; use one of "
+        raise ConfigError(f"{what} {path!r}: unknown format {suffix or '(no suffix)'!r}; use one of "
                           f"{', '.join(FORMATS)}")
     start = time.perf_counter()
     try:
         rows = _rows(path, suffix)
     except Exception as e:
-        raise ConfigError(f"prompt file {path!r} cannot be read as {suffix[1:]}: {type(e).__name__}: {e}") from e
+        raise ConfigError(f"{what} {path!r} cannot be read as {suffix[1:]}: {type(e).__name__}: {e}") from e
     if not rows:
-        raise ConfigError(f"prompt file {path!r} has no rows")
+        raise ConfigError(f"{what} {path!r} has no rows")
     print(f"rlcore: read {len(rows)} rows from {path} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    return rows
+
+
+def _read_file(path: str, columns: Columns, default_source: str) -> list[PromptRecord]:
+    path = os.path.expanduser(path)
+    rows = read_rows(path)
     present = sorted({key for row in rows[:1] for key in row})
     for role, name in (("prompt", columns.prompt), ("answer", columns.answer)):
-        if _lookup(rows[0], name) is _MISSING:
+        if lookup(rows[0], name) is MISSING:
             raise ConfigError(f"prompt file {path!r} has no column {name!r} for the {role} "
                               f"(task.options.{role}_key); its columns are {present}")
     return [_record(row, columns, default_source, f"{path}:{i}") for i, row in enumerate(rows)]
@@ -88,25 +96,25 @@ class _Missing:
     pass
 
 
-_MISSING = _Missing()
+MISSING = _Missing()     # what ``lookup`` returns for a column a row lacks
 
 
-def _lookup(row: dict, dotted: str) -> Any:
+def lookup(row: dict, dotted: str) -> Any:
     value: Any = row
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
 
 def _record(row: dict, columns: Columns, default_source: str, origin: str) -> PromptRecord:
-    prompt = _lookup(row, columns.prompt)
+    prompt = lookup(row, columns.prompt)
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(
             isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt))):
         raise ConfigError(f"{origin}: the prompt ({columns.prompt!r}) is neither text nor a list of "
                           f"{{'role', 'content'}} messages: {str(prompt)[:120]!r}")
-    source, extra = _lookup(row, columns.source), _lookup(row, columns.extra)
-    return PromptRecord(prompt=prompt, answer=_lookup(row, columns.answer),
-                        source=default_source if source is _MISSING or source is None else str(source),
+    source, extra = lookup(row, columns.source), lookup(row, columns.extra)
+    return PromptRecord(prompt=prompt, answer=lookup(row, columns.answer),
+                        source=default_source if source is MISSING or source is None else str(source),
                         extra=extra if isinstance(extra, dict) else {}, origin=origin)

@@ -16,12 +16,11 @@ import torch.distributed as dist
 
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
-from rlcore.hf_checkpoint import TensorSpec
 from rlcore.converted import ConvertedWeights
 from rlcore.lora.config import lora_config
 from rlcore.lora.config import LoRAConfig
 from rlcore.lora.layers import adapters, adapters_enabled
-from rlcore.megatron.model import build_gpt, save_hf
+from rlcore.megatron.model import build_gpt
 from rlcore.megatron.reshard import Resharder
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
@@ -70,18 +69,9 @@ class MegatronActor(MegatronTrainable):
         """Full HF-named tensors, bucket by bucket. Collective: every rank must consume the whole stream."""
         return self.resharder.stream()
 
-    def hf_specs(self) -> list[TensorSpec]:
-        """The HF tensors ``hf_weights`` yields, in order, with their shapes and dtypes."""
-        return [TensorSpec(name, shape, e.dtype) for b in self.resharder.buckets for e in b.entries
-                for name, shape in e.hf]
-
     def save_hf(self, directory: str, max_shard_bytes: int = 5 * 10**9) -> None:
         """Collective; global rank 0 writes the HF checkpoint as the weights stream by, one bucket in memory."""
-        if dist.get_rank() == 0:
-            save_hf(self.hf_weights(), self.hf_specs(), self.hf_config, directory, max_shard_bytes)
-        else:
-            for _ in self.hf_weights():
-                pass
+        self.resharder.write_hf(self.hf_config, directory, max_shard_bytes)
 
     def num_parameters(self) -> int:
         """Parameters of the whole model (all shards, all stages), as the HF checkpoint counts them."""

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.convert import WeightConverter
+from rlcore.hf_checkpoint import TensorSpec
 from rlcore.megatron.names import global_name, is_expert, named_weights
 from rlcore.megatron.exchange import make_exchange
 
@@ -227,6 +228,21 @@ class Resharder:
         self.counters.peak_bucket_bytes = max(self.counters.peak_bucket_bytes,
                                               sum(t.numel() * t.element_size() for _, t in tensors))
         return tensors
+
+    def hf_specs(self) -> list[TensorSpec]:
+        """The HF tensors ``stream`` yields, in order, with their shapes and dtypes."""
+        return [TensorSpec(name, shape, e.dtype) for b in self.buckets for e in b.entries for name, shape in e.hf]
+
+    def write_hf(self, hf_config: dict, directory: str, max_shard_bytes: int = 5 * 10**9) -> None:
+        """Collective; global rank 0 writes the HF checkpoint (``save_hf``) as the weights stream by, one bucket in
+        memory."""
+        from rlcore.megatron.model import save_hf
+
+        if dist.get_rank() == 0:
+            save_hf(self.stream(), self.hf_specs(), hf_config, directory, max_shard_bytes)
+        else:
+            for _ in self.stream():
+                pass
 
     def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield every HF tensor, one bucket assembled at a time. A yielded tensor may alias the exchange's memory;

@@ -18,14 +18,37 @@ def same_tokenizer(a, b) -> bool:
 
 
 class ModelReward:
-    """``reward_model.path``'s scores, one per episode; the workers are handed over once they start (``start``)."""
+    """A reward model's scores, one per episode: its checkpoint is checked and its tokenizer loaded by ``use`` (at
+    once when reward_model.path is given; once trained, when the run trains it first), its workers handed over by
+    ``start``."""
 
-    def __init__(self, name: str, path: str, hf_config: dict, tokenizer):
-        self.name, self.path, self.tokenizer = name, path, tokenizer
-        self.pad_id: int | None = hf_config.get("pad_token_id")
-        self.context = int(hf_config["max_position_embeddings"])
+    def __init__(self, name: str):
+        self.name, self.path = name, ""
+        self.tokenizer = None
+        self.pad_id: int | None = None
+        self.context = 0
         self.workers: RewardModelWorkers | None = None
         self.policy_tokenizer = None       # set when its tokens are not the reward model's
+
+    def use(self, path: str, registry, dtype: str = "float32") -> None:
+        """Score with the checkpoint in ``path``; one refused, in one line naming it, if rlcore cannot score with
+        it."""
+        from transformers import AutoTokenizer
+
+        from rlcore.megatron.model import read_hf_config
+
+        hf_config = read_hf_config(path)
+        try:
+            check_reward_model(registry.models, hf_config, path, dtype)
+        except ValueError as e:
+            raise ConfigError(f"reward_model.path {path}: {e}") from None
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"reward_model.path {path} has no tokenizer transformers can load ({e}): save the "
+                              f"reward model's tokenizer into it (tokenizer.save_pretrained)") from None
+        self.path, self.pad_id = path, hf_config.get("pad_token_id")
+        self.context = int(hf_config["max_position_embeddings"])
 
     def spec(self) -> RewardSpec:
         return RewardSpec(self.name, self, sequences=True)
@@ -50,26 +73,14 @@ class ModelReward:
 
 
 def load_model_reward(cfg, registry) -> ModelReward | None:
-    """``reward_model.path``'s reward, registered under ``reward_model.name``; None without one. A checkpoint it
-    cannot score with is refused here, in one line, before any worker starts."""
-    from transformers import AutoTokenizer
-
-    from rlcore.megatron.model import read_hf_config
-
-    section = cfg.reward_model
-    if not section.path:
+    """The run's reward model, registered as the reward ``reward_model.name``: reward_model.path's (checked here,
+    before any worker starts), or one the run trains first from reward_training's pairs (``use`` once trained);
+    None without either."""
+    training = cfg.reward_training
+    if not (cfg.reward_model.path or training.train_files or training.synthetic_pairs):
         return None
-    path = os.path.expanduser(section.path)
-    hf_config = read_hf_config(path)
-    try:
-        check_reward_model(registry.models, hf_config, path, section.dtype)
-    except ValueError as e:
-        raise ConfigError(f"reward_model.path {section.path}: {e}") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"reward_model.path {section.path} has no tokenizer transformers can load ({e}): save "
-                          f"the reward model's tokenizer into it (tokenizer.save_pretrained)") from None
-    reward = ModelReward(section.name, path, hf_config, tokenizer)
-    registry.add("rewards", reward.spec(), owner=f"reward_model.path={section.path}")
+    reward = ModelReward(cfg.reward_model.name)
+    if cfg.reward_model.path:
+        reward.use(os.path.expanduser(cfg.reward_model.path), registry, cfg.reward_model.dtype)
+    registry.add("rewards", reward.spec(), owner=f"reward_model.path={cfg.reward_model.path or '(trained first)'}")
     return reward

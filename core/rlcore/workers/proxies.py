@@ -15,7 +15,7 @@ from rlcore.workers.colocated import ActorRolloutWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.group import WorkerGroup, shares
 from rlcore.workers.offloading import OffloadingWorker
-from rlcore.workers.reward_model import RewardModelWorker
+from rlcore.workers.reward_model import RewardModelTrainer, RewardModelWorker
 from rlcore.workers.worker import ActorWorker, Worker
 
 
@@ -133,3 +133,15 @@ class RewardModelGroup(OffloadingGroup):
             return read_scores(self.per_token(RewardModelWorker.token_scores, batch), batch)
         finally:
             self.sleep()
+
+
+class RewardModelTrainerGroup(RewardModelGroup):
+    """``rlcore train-rm``'s workers: the reward model trained on preference pairs."""
+    worker_cls = RewardModelTrainer
+
+    def train_step(self, mini: Batch) -> dict[str, float]:
+        """One update on a mini-batch of ``pair_batch`` rows."""
+        return self.update(RewardModelTrainer.train_step, mini)
+
+    def export_hf(self, directory: str, pad_token_id: int | None) -> None:
+        self.call(RewardModelTrainer.export_hf, directory, pad_token_id)

@@ -36,3 +36,15 @@ class RewardModelWorker(OffloadingWorker):
     def token_scores(self, share: Batch) -> torch.Tensor:
         """The score head at every position of this rank's share [rows, S] (``rlcore.megatron.reward_model``)."""
         return self.model.per_token_scores(share)
+
+
+class RewardModelTrainer(RewardModelWorker):
+    """``rlcore train-rm``'s workers: the reward model with its optimizer, trained on preference pairs."""
+    trains = True
+
+    def train_step(self, share: Batch, total_tokens: float, total_sequences: float) -> dict:
+        """One Bradley-Terry update on this rank's share of a mini-batch of pairs (two rows each)."""
+        return self.model.train_pairs(share, total_sequences / 2)
+
+    def export_hf(self, directory: str, pad_token_id: int | None) -> None:
+        self.model.save_hf(directory, pad_token_id, int(self.cfg.trainer.export_max_shard_gb * 1e9))

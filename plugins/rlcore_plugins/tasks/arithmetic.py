@@ -49,8 +49,46 @@ class Addition(Task):
     def supervised_examples(self, step, count):
         return [(p, m["answer"]) for p, m in (self._example(a, b) for a, b in self._draw(1, step, count))]
 
+    def preference_pairs(self, count, held_out):
+        """The right sum preferred to a wrong answer, of the kinds a policy learning addition writes: a near miss
+        (one digit off, off by one or ten, a digit dropped or added, another number of its length) or a malformed
+        one (stray characters after the sum, or characters at random)."""
+        rng = random.Random(f"{self.seed}/preferences/{held_out}")
+        operands = self.eval_pairs if held_out else self.train_pairs
+        pairs = []
+        for _ in range(count):
+            a, b = rng.choice(operands)
+            prompt, meta = self._example(a, b)
+            pairs.append((prompt, meta["answer"], wrong_answer(meta["answer"], rng)))
+        return pairs
+
     def write_tokenizer(self, directory):
         return write_char_tokenizer(directory)
+
+
+KINDS_OF_WRONG = (35, 15, 15, 10, 5, 10, 10)      # how often wrong_answer makes each kind
+
+
+def wrong_answer(right: str, rng: random.Random) -> str:
+    """A wrong answer to the sum ``right`` (a non-negative integer's digits), never ``right`` itself: mostly near
+    misses in the last digits, where a policy that has learned most of addition still errs."""
+    while True:
+        kind = rng.choices(range(len(KINDS_OF_WRONG)), weights=KINDS_OF_WRONG)[0]
+        if kind in (0, 1):             # the last digit changed, or any one
+            i = len(right) - 1 if kind == 0 else rng.randrange(len(right))
+            wrong = right[:i] + rng.choice("0123456789".replace(right[i], "")) + right[i + 1:]
+        elif kind == 2:
+            wrong = str(max(0, int(right) + rng.choice((-10, -1, 1, 10))))
+        elif kind == 3:                # a digit dropped or added
+            wrong = right[:-1] if rng.random() < 0.5 else right + rng.choice("0123456789")
+        elif kind == 4:
+            wrong = str(rng.randrange(10 ** (len(right) - 1) if len(right) > 1 else 0, 10 ** len(right)))
+        elif kind == 5:                # the sum, then stray characters
+            wrong = right + "".join(rng.choice(CHARS) for _ in range(rng.randint(1, 2)))
+        else:                          # anything
+            wrong = "".join(rng.choice(CHARS) for _ in range(rng.randint(1, 4)))
+        if wrong != right:
+            return wrong
 
 
 def write_char_tokenizer(directory: str) -> int:
