@@ -77,6 +77,8 @@ def cmd_run(args) -> int:
     before, after = summary["eval_accuracy_before"], summary["eval_accuracy_after"]
     print(f"held-out accuracy (mean@{cfg.trainer.eval_n}): before RL {before:.3f}, after RL {after:.3f} "
           f"({after - before:+.3f})")
+    for name, (before, after) in summary["eval_rewards"].items():
+        print(f"  held-out {name}: before RL {before:.3f}, after RL {after:.3f} ({after - before:+.3f})")
     print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json"
           f"{', hf/' if 'export' in summary else ''}{', adapter/' if 'adapter' in summary else ''})")
     return 0

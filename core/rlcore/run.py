@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,11 @@ class Run:
             self.cadence.close()
         summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
             else summary["eval_accuracy_before"]
+        # each reward component's held-out mean, before and after (a reward model's score beside what it stands for)
+        last = history[-1] if history else eval_before
+        summary["eval_rewards"] = {key[len("eval/reward/"):-len("/mean")]: [eval_before.get(key, math.nan), value]
+                                   for key, value in last.items()
+                                   if key.startswith("eval/reward/") and key.endswith("/mean")}
         if self.cadence.saved_in is not None:  # the checkpoint after the last step: no next step's metrics to carry it
             summary["last_save_seconds"] = self.cadence.saved_in
         if cfg.trainer.export_hf:

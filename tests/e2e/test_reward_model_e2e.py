@@ -1,10 +1,22 @@
 """Runs whose reward is a reward model's score, as a user launches them: the reward model on workers of its own in
-another layout than the actor's (TP2 beside a TP1 actor, colocated), and in async mode; the task's own reward logged
-beside it (weight 0), in training and held-out metrics."""
+another layout than the actor's (TP2 beside a TP1 actor, colocated; killed with SIGKILL after a checkpoint and
+resumed, the run logs exactly what the uninterrupted one did), and in async mode; the task's own reward logged beside
+it (weight 0), in training and held-out metrics."""
 import math
 
+import pytest
+
 from reward_models import classifier_from
-from runs import async_quickstart, logged, rlcore_run, run_to_end
+from runs import EVERY, STEPS, async_quickstart, kill_when, logged, rlcore_run, run_to_end, without_timings
+
+PLUGINS = "qwen3,grpo,vllm"
+
+
+@pytest.fixture(scope="module")
+def reward_model(quickstart_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("reward_model") / "rm"
+    classifier_from(quickstart_model, path, pad_token_id=0)
+    return path
 
 
 def assert_scored_by_the_reward_model(history, steps):
@@ -16,20 +28,29 @@ def assert_scored_by_the_reward_model(history, steps):
     assert any(abs(h["reward/mean"] - h["reward/rm/mean"]) < 1e-6 for h in history)
 
 
-def test_colocated_run_with_a_reward_model_at_tp2(quickstart_model, warm_start_cache, tmp_path):
-    classifier_from(quickstart_model, tmp_path / "rm", pad_token_id=0)
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_run_with_a_tp2_reward_model_killed_and_resumed_logs_what_the_uninterrupted_run_logged(
+        reward_model, warm_start_cache, tmp_path):
+    overrides = [f"reward_model.path={reward_model}", "reward_model.world_size=2", "reward_model.parallel.tp=2",
+                 "trainer.export_hf=false"]
+    uninterrupted = tmp_path / "uninterrupted"
+    out = run_to_end(rlcore_run(uninterrupted, warm_start_cache, *overrides, plugins=PLUGINS))
+    assert "held-out exact_match: before RL" in out.stdout
+    history = logged(uninterrupted)
+    assert_scored_by_the_reward_model(history, STEPS)
+    assert math.isfinite(history[-1]["eval/reward/rm/mean"]) and 0 <= history[-1]["eval/reward/exact_match/mean"] <= 1
     run_dir = tmp_path / "run"
-    run_to_end(rlcore_run(run_dir, warm_start_cache, "trainer.steps=3", "trainer.save_every=0",
-                          "trainer.eval_every=0", "trainer.export_hf=false", f"reward_model.path={tmp_path / 'rm'}",
-                          "reward_model.world_size=2", "reward_model.parallel.tp=2", plugins="qwen3,grpo,vllm"))
-    history = logged(run_dir)
-    assert_scored_by_the_reward_model(history, 3)
-    final = history[-1]
-    assert math.isfinite(final["eval/reward/rm/mean"]) and 0 <= final["eval/reward/exact_match/mean"] <= 1
+    first = run_dir / "checkpoints" / f"step_{EVERY:08d}"
+    kill_when(rlcore_run(run_dir, warm_start_cache, *overrides, plugins=PLUGINS),
+              lambda: len(logged(run_dir)) >= EVERY + 2 and first.exists())
+    run_to_end(rlcore_run(run_dir, warm_start_cache, "--resume", plugins=PLUGINS))
+    assert without_timings(logged(run_dir)) == without_timings(history)
 
 
-def test_async_run_with_a_reward_model(quickstart_model, warm_start_cache, tmp_path):
-    classifier_from(quickstart_model, tmp_path / "rm", pad_token_id=0)
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_async_run_with_a_reward_model(reward_model, warm_start_cache, tmp_path):
     run_dir = tmp_path / "run"
-    run_to_end(async_quickstart(run_dir, warm_start_cache, f"reward_model.path={tmp_path / 'rm'}", steps=3))
+    run_to_end(async_quickstart(run_dir, warm_start_cache, f"reward_model.path={reward_model}", steps=3))
     assert_scored_by_the_reward_model(logged(run_dir), 3)

@@ -22,6 +22,7 @@ SMOKES = {
     "long_responses.py": rf"logits 32 tokens at a time: -?\d+ MB less peak memory than all at once, {RATIO}x its "
                          r"throughput",
     "lora_memory.py": rf"lora optimizer state {RATIO}% of full",
+    "reward_model_scoring.py": rf"reward model scoring / plain forward {RATIO}x \(\d+ sequences, \d+ tokens\)",
     "rollout_floor.py": rf"worst per-request/offline {RATIO}x \(vllm (quickstart|long)\)",
     "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
                          r"(NOT )?MET",
