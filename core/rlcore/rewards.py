@@ -3,7 +3,10 @@
 A reward function (``RewardSpec.fn``) returns one float per response, or named components (a dict of lists) that
 add up to its value. The composed reward is sum over functions of weight * value. When a function raises, it is
 called again one response at a time so that only the responses it cannot score are marked failed (NaN), with the
-reason; in strict mode the first failure stops the run instead. A non-finite value is a failure too.
+reason; in strict mode the first failure stops the run instead. A function that knows which responses it cannot
+score (a judge whose answer does not parse) returns an exception in place of each one's value, not raised: that
+response alone is failed with it as the reason, and the function is not called again. A non-finite value fails its
+response too. A ``RewardBroken`` error (a broken contract, a judge's engine gone) is fatal whatever the strictness.
 """
 from __future__ import annotations
 
@@ -76,23 +79,34 @@ class RewardComposer:
                 return spec.fn(pick(responses), pick(metadata), pick(sequences))
             return spec.fn(pick(responses), pick(metadata))
 
-        try:
-            return _as_components(spec, call(), len(responses))
-        except WrongRewardShape:
-            raise
-        except Exception as e:
+        def failed(e: BaseException) -> None:
             if self.strict:
                 raise RlcoreError(f"reward {spec.name!r} failed: {type(e).__name__}: {e} (task.strict_rewards is "
                                   f"set; unset it to count failed samples instead)") from e
+            reasons[f"{spec.name}: {type(e).__name__}: {str(e)[:200]}"] += 1
+
+        try:
+            components, failures = _as_components(spec, call(), len(responses))
+        except RewardBroken:
+            raise
+        except Exception as e:
+            if self.strict:
+                failed(e)
+        else:
+            for reason in failures.values():
+                failed(reason)
+            return components
         rows: list[dict[str, torch.Tensor] | None] = []   # isolate the responses it cannot score
         for i in range(len(responses)):
             try:
-                rows.append(_as_components(spec, call([i]), 1))
-            except WrongRewardShape:
+                row, failures = _as_components(spec, call([i]), 1)
+            except RewardBroken:
                 raise
             except Exception as e:
-                reasons[f"{spec.name}: {type(e).__name__}: {str(e)[:200]}"] += 1
-                rows.append(None)
+                row, failures = None, {0: e}
+            for reason in failures.values():
+                failed(reason)
+            rows.append(row)
         names = next((list(r) for r in rows if r is not None), [spec.name])
         nan = torch.tensor([math.nan], dtype=torch.float64)
         return {n: torch.cat([r[n] if r is not None else nan for r in rows]) for n in names}
@@ -107,22 +121,38 @@ class RewardComposer:
         return RewardComposer(kept, self.strict)
 
 
-class WrongRewardShape(RlcoreError):
-    """A reward function broke its contract (not one value per response): fatal whatever the strictness."""
+class RewardBroken(RlcoreError):
+    """A reward that cannot score at all, whichever the responses: fatal whatever the strictness (not retried, not
+    counted as failed samples)."""
 
 
-def _as_components(spec: RewardSpec, out, n: int) -> dict[str, torch.Tensor]:
+class WrongRewardShape(RewardBroken):
+    """A reward function broke its contract (not one value per response)."""
+
+
+def _as_components(spec: RewardSpec, out, n: int) -> tuple[dict[str, torch.Tensor], dict[int, BaseException]]:
+    """The function's values as components (NaN where a response failed) and, per failed response, why: the
+    exception it returned in place of the value, or a non-finite value's (the first component's, if several)."""
     named = {f"{spec.name}/{k}": v for k, v in out.items()} if isinstance(out, dict) else {spec.name: out}
-    result = {}
+    result: dict[str, torch.Tensor] = {}
+    failures: dict[int, BaseException] = {}
     for name, values in named.items():
-        values = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        values = list(values)
         if len(values) != n:
             raise WrongRewardShape(f"reward {spec.name!r} returned {len(values)} values for {n} responses: it must "
                                    f"return one per response")
-        if not torch.isfinite(values).all():
-            raise ValueError(f"non-finite reward {values[~torch.isfinite(values)][0].item()}")
-        result[name] = values
-    return result
+        floats = []
+        for i, v in enumerate(values):
+            if isinstance(v, BaseException):
+                failures.setdefault(i, v)
+                floats.append(math.nan)
+                continue
+            floats.append(float(v))
+            if not math.isfinite(floats[-1]):
+                failures.setdefault(i, ValueError(f"non-finite reward {floats[-1]}"))
+                floats[-1] = math.nan
+        result[name] = torch.tensor(floats, dtype=torch.float64)
+    return result, dict(sorted(failures.items()))
 
 
 class SourceDispatch:

@@ -24,6 +24,7 @@ from rlcore.preflight import (check_context, check_converted_dtype, check_layout
                               check_rollout_backend)
 from rlcore.rewards import build_rewards, functions_only
 from rlcore.rollout.colocated import ColocatedSource
+from rlcore.rollout.judge import GenerativeJudge
 from rlcore.rollout.reward_model import load_model_reward
 from rlcore.rollout.source import Source
 from rlcore.rollout_correction import async_default, check_old_logprobs_source
@@ -31,6 +32,7 @@ from rlcore.specs import AgentSpec
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
+    from rlcore.workers.judge import JudgeWorkers
     from rlcore.workers.proxies import ActorGroup, CriticGroup, RewardModelGroup, TrainGroup
     from rlcore.workers.rollout_worker import RolloutWorkers
 
@@ -66,7 +68,7 @@ class Run:
         self._workers: ActorGroup | None = None
         self.rollout: RolloutWorkers | None = None      # async mode's rollout workers
         self.critic: CriticGroup | None = None
-        self.reward_model: RewardModelGroup | None = None
+        self.reward_model: RewardModelGroup | JudgeWorkers | None = None
         self.logger_classes = [reg.get("loggers", name) for name in cfg.trainer.loggers]
         self.eval_before: dict[str, float] = {}     # the held-out metrics before step 1, which checkpoints keep
         plugins.hook.rlcore_configure(config=cfg)
@@ -122,6 +124,7 @@ class Run:
         from rlcore.megatron.model import check_model_config, read_hf_config
         from rlcore.reward_training import prepare_reward_model
         from rlcore.rollout.queued import QueuedSource
+        from rlcore.workers.judge import JudgeWorkers
         from rlcore.workers.proxies import ActorGroup, ColocatedGroup, CriticGroup, RewardModelGroup
         from rlcore.workers.rollout_worker import RolloutWorkers
 
@@ -164,7 +167,10 @@ class Run:
             self.critic = CriticGroup(cfg, self.plugins.selection, self.model_path,
                                       world=cfg.critic.world_size or cfg.trainer.world_size)
             self.critic.sleep()
-        if self.model_reward is not None:
+        if isinstance(self.model_reward, GenerativeJudge):    # on engines of its own, weights fixed
+            self.reward_model = JudgeWorkers(cfg, self.plugins.selection, self.model_reward.path)
+            self.model_reward.start(self.reward_model, self.tokenizer)
+        elif self.model_reward is not None:
             if not self.model_reward.path:      # trained first from reward_training's pairs (cached)
                 trained = prepare_reward_model(cfg, self.plugins)
                 assert trained is not None

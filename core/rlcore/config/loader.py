@@ -143,6 +143,11 @@ _RULES = [  # (key, predicate, what is allowed)
     ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
     ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("reward_model.world_size", lambda v: v >= 0, "an integer >= 0 (0 = the world of the workers it scores for)"),
+    ("reward_model.kind", lambda v: v in ("scalar", "generative"), "scalar (a sequence classifier) or generative (a "
+                                                                     "causal LM judge, reward_model.judge.*)"),
+    ("reward_model.judge.max_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("reward_model.judge.temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
+    ("reward_model.judge.kv_cache_gib", lambda v: v >= 0, "a number >= 0 (0 = rollout.kv_cache_gib)"),
     ("rollout.tp", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.devices_per_node", lambda v: v >= 1, "an integer >= 1"),
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
@@ -201,7 +206,11 @@ def check_values(cfg: Config) -> None:
                           "actor.lora.rank (e.g. 16) to train adapters, or leave rollout.lora=merged")
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
-    if cfg.reward_model.path:
+    if cfg.reward_model.kind == "generative":
+        from rlcore.rollout.judge import check_judge_config
+
+        check_judge_config(cfg)
+    elif cfg.reward_model.path:
         rm_world = reward_model_world(cfg)
         _check_layout("reward_model", cfg.reward_model, rm_world, "reward_model.world_size" if
                       cfg.reward_model.world_size else "trainer.world_size" if cfg.trainer.mode == "colocated"

@@ -147,17 +147,37 @@ class CriticConfig(TrainedModelConfig):
 
 
 @dataclass
+class JudgeConfig:
+    """A generative judge (reward_model.kind=generative, ``rlcore.rollout.judge``): reward_model.path is a causal LM
+    that reads a rubric rendered for each episode and writes a verdict, in which the parser finds the score. It
+    runs on rollout engines of its own (reward_model.world_size of them, 0 = one), with fixed weights."""
+    template: str = ""            # the rubric: inline text, or a file's path. {prompt} (the policy's prompt as it saw
+                                  # it), {response} and {answer} (the row's metadata answer) are filled in per episode
+    parser: str = r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)"   # a regex with one group: its first match in the
+                                  # judge's answer is the score; no match fails the sample (counted in reward/failed)
+    max_tokens: int = 64          # the judge's answer, at most
+    temperature: float = 0.0      # 0 = greedy
+    backend: str = ""             # a registered rollout backend for the judge; empty = rollout.backend
+    kv_cache_gib: float = 0.0     # the judge engine's KV cache; 0 = rollout.kv_cache_gib
+    chat: bool = False            # the rubric goes through the judge's chat template as one user message
+
+
+@dataclass
 class RewardModelConfig(TrainedModelConfig):
     """A learned reward: a sequence-classification checkpoint (one score per sequence, read at its last token) of a
     family rlcore has, on Megatron workers of its own with their own layout, scoring every finished episode (prompt
     and response) on the rollout side. Its score is the reward component ``name``. ``rlcore train-rm`` trains one
-    with this section's layout, batching and optimizer."""
+    with this section's layout, batching and optimizer. With kind=generative, path is instead a causal LM judge
+    (``judge``), run by a rollout engine."""
+    kind: str = "scalar"          # scalar: a sequence classifier (above); generative: a causal LM judge (judge.*)
     path: str = ""                # HF checkpoint (e.g. LlamaForSequenceClassification); empty = no reward model
     hf_config: str = ""           # sizes for `--dry-run` without a checkpoint: a config.json path, or a bundled name
                                   # (llama-3.1-70b-sequence-classifier); a run reads reward_model.path
     name: str = "rm"              # the reward component it gives: task.rewards={rm: 1.0, format: 0.1}; unnamed there,
                                   # the reward is rm alone and the task's own reward is logged beside it (weight 0)
-    world_size: int = 0           # its worker processes; 0 = trainer.world_size (async: rollout.world_size)
+    world_size: int = 0           # its worker processes; 0 = trainer.world_size (async: rollout.world_size);
+                                  # generative: the judge's engines, a process each (0 = one)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass

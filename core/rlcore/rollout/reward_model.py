@@ -9,6 +9,7 @@ import os
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.megatron.reward_model import check_reward_model, score_batch
 from rlcore.rollout.handles import RewardModelWorkers
+from rlcore.rollout.judge import GenerativeJudge, load_judge
 from rlcore.specs import RewardSpec
 
 
@@ -72,10 +73,12 @@ class ModelReward:
         return self.workers.scores(score_batch(sequences, self.pad_id)).tolist()
 
 
-def load_model_reward(cfg, registry) -> ModelReward | None:
+def load_model_reward(cfg, registry) -> ModelReward | GenerativeJudge | None:
     """The run's reward model, registered as the reward ``reward_model.name``: reward_model.path's (checked here,
     before any worker starts), or one the run trains first from reward_training's pairs (``use`` once trained);
-    None without either."""
+    None without either. With reward_model.kind=generative, reward_model.path's judge (``rlcore.rollout.judge``)."""
+    if cfg.reward_model.kind == "generative":
+        return load_judge(cfg, registry)
     training = cfg.reward_training
     if not (cfg.reward_model.path or training.train_files or training.synthetic_pairs):
         return None
