@@ -50,7 +50,7 @@ def read_reward_model_config(cfg: Config) -> dict | None:
     """The reward model's config.json: reward_model.path's, else reward_model.hf_config (a path or a bundled name,
     as model.hf_config); None without a reward model."""
     rm = cfg.reward_model
-    if not (rm.path or rm.hf_config):
+    if rm.kind == "generative" or not (rm.path or rm.hf_config):     # a judge runs on an engine, not Megatron
         return None
     path = os.path.join(os.path.expanduser(rm.path), "config.json") if rm.path else _config_file(rm.hf_config)
     return _read_config(path, "reward_model.path / reward_model.hf_config")

@@ -184,3 +184,12 @@ def test_a_checkpoint_directory_is_read_and_checked_as_the_run_checks_it(registr
         tmp_path / "two")
     with pytest.raises(ConfigError, match=f"reward_model.path '{tmp_path / 'two'}': its score head is 2 labels wide"):
         plan(registry, f"reward_model.path={tmp_path / 'two'}")
+
+
+def test_a_generative_judge_is_not_planned_as_a_megatron_model():
+    from rlcore.sizing import read_reward_model_config
+
+    judge = load_config(PRESET, [f"reward_model.hf_config={RM}"])
+    judge.reward_model.kind = "generative"          # it runs on an engine of its own, not on Megatron workers
+    assert read_reward_model_config(judge) is None
+    assert read_reward_model_config(load_config(PRESET, [f"reward_model.hf_config={RM}"])) is not None
