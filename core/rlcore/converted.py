@@ -31,3 +31,12 @@ def converted_dtype(path: str) -> str | None:
         return None
     with open(os.path.join(path, MARKER)) as f:
         return json.load(f).get("dtype")
+
+
+def starts_weightless(model_path: str, hf_config: dict) -> bool:
+    """An engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load; a
+    converted checkpoint's Megatron weights): it starts from the config without weights, and the first push gives it
+    the actor's."""
+    from rlcore.quantization import checkpoint_quantization
+
+    return is_converted(model_path) or checkpoint_quantization(hf_config) is not None

@@ -11,9 +11,10 @@ from rlcore.config import load_config
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.plugins import load_plugins
 from rlcore.rewards import RewardComposer
-from rlcore.rollout.judge import (DEFAULT_PARSER, GenerativeJudge, JudgeDied, JudgeMissing, JudgeTooLong,
-                                  JudgeUnparsable, compile_parser, judge_engines, judge_rollout_config, load_judge,
-                                  load_template, parse, prompt_text, render, request_seed)
+from rlcore.config.judge import DEFAULT_PARSER, compile_parser, load_template
+from rlcore.rollout.judge import (GenerativeJudge, JudgeDied, JudgeMissing, JudgeTooLong, JudgeUnparsable,
+                                  judge_engines, judge_rollout_config, load_judge, parse, prompt_text, render,
+                                  request_seed)
 from rlcore.specs import Completion
 from rlcore_plugins.tasks.arithmetic import write_char_tokenizer
 

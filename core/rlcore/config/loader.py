@@ -207,7 +207,7 @@ def check_values(cfg: Config) -> None:
     _check_layout("critic", cfg.critic, cfg.critic.world_size or world,
                   "critic.world_size" if cfg.critic.world_size else "trainer.world_size")
     if cfg.reward_model.kind == "generative":
-        from rlcore.rollout.judge import check_judge_config
+        from rlcore.config.judge import check_judge_config
 
         check_judge_config(cfg)
     elif cfg.reward_model.path:

@@ -23,7 +23,7 @@ import re
 import zlib
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-from rlcore.config.schema import JudgeConfig
+from rlcore.config.judge import compile_parser, load_template
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.rewards import RewardBroken
 from rlcore.specs import Completion, RewardSpec, Sampling
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SHOW_UNPARSABLE = 3          # unparsable answers the log shows (their count is in reward/failed)
 PLACEHOLDERS = re.compile(r"\{(prompt|response|answer)\}")
-DEFAULT_PARSER = JudgeConfig.parser        # "Score: 7", "score=-2.5"
 
 
 class JudgeError(ValueError):
@@ -70,38 +69,6 @@ class JudgeEngines(Protocol):
 
 
 # --- the rubric and the parser (pure) --------------------------------------------------------------------------------
-def load_template(value: str) -> str:
-    """``reward_model.judge.template``: a file's text where it names a file, else the text itself; it must show the
-    judge the response (``{response}``)."""
-    path = os.path.expanduser(value)
-    from_file = bool(value) and "\n" not in value and os.path.isfile(path)
-    text = value
-    if from_file:
-        with open(path) as f:
-            text = f.read()
-    if "{response}" not in text:
-        what = ("the file has no {response}" if from_file else
-                "it names no file, and as a template it has no {response}" if value else "it is empty")
-        raise ConfigError(f"config key 'reward_model.judge.template' = {value[:80]!r} is not allowed ({what}): use "
-                          f"a rubric, inline or a file's path, with {{response}} where the judge reads the response "
-                          f"(and {{prompt}}, {{answer}} where it reads those)")
-    return text
-
-
-def compile_parser(pattern: str) -> re.Pattern:
-    """``reward_model.judge.parser``: a regex with exactly one group, the score."""
-    try:
-        parser = re.compile(pattern)
-    except re.error as e:
-        raise ConfigError(f"config key 'reward_model.judge.parser' = {pattern!r} is not allowed (not a regex: {e}): "
-                          f"use a regex with one group, the score, e.g. {DEFAULT_PARSER}") from None
-    if parser.groups != 1:
-        raise ConfigError(f"config key 'reward_model.judge.parser' = {pattern!r} is not allowed (it has "
-                          f"{parser.groups} groups): use a regex with exactly one group, the score (make others "
-                          f"non-capturing: (?:...))")
-    return parser
-
-
 def render(template: str, prompt: str | None, response: str, metadata: dict) -> str:
     """The rubric for one episode: ``{prompt}``, ``{response}`` and ``{answer}`` (``metadata["answer"]``) filled in,
     in one pass (a response that contains "{answer}" stays as it is); other braces are the template's own text."""
@@ -176,7 +143,7 @@ class GenerativeJudge:
         from transformers import AutoTokenizer
 
         from rlcore.megatron.model import read_hf_config
-        from rlcore.workers.engine import starts_weightless
+        from rlcore.converted import starts_weightless
 
         hf_config = read_hf_config(path)
         heads = [a for a in hf_config.get("architectures") or [] if not a.endswith(("ForCausalLM", "LMHeadModel"))]
@@ -272,19 +239,6 @@ def judge_rollout_config(cfg: Config):
 def judge_engines(cfg: Config) -> int:
     """The judge's engines (processes): reward_model.world_size, 0 = one."""
     return cfg.reward_model.world_size or 1
-
-
-def check_judge_config(cfg: Config) -> None:
-    """What the config loader checks of reward_model.kind=generative (the files and the backend: ``load_judge``)."""
-    rm, training = cfg.reward_model, cfg.reward_training
-    if not rm.path:
-        raise ConfigError("reward_model.kind = 'generative' without reward_model.path: give the judge, a causal LM "
-                          "checkpoint (a Hugging Face directory)")
-    if training.train_files or training.synthetic_pairs:
-        raise ConfigError("reward_training trains a scalar reward model, and reward_model.kind = 'generative' judges "
-                          "with reward_model.path: drop reward_training.* or use reward_model.kind=scalar")
-    load_template(rm.judge.template)
-    compile_parser(rm.judge.parser)
 
 
 def load_judge(cfg: Config, registry) -> GenerativeJudge:

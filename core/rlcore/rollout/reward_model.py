@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.errors import ConfigError
+from rlcore.rewards import RewardBroken
 from rlcore.megatron.reward_model import check_reward_model, score_batch
 from rlcore.rollout.handles import RewardModelWorkers
 from rlcore.rollout.judge import GenerativeJudge, load_judge
@@ -58,19 +59,24 @@ class ModelReward:
         self.workers = workers
         self.policy_tokenizer = None if same_tokenizer(policy_tokenizer, self.tokenizer) else policy_tokenizer
 
-    def __call__(self, responses: list[str], metadata: list[dict], sequences: list[list[int]]) -> list[float]:
-        """Each sequence's score. One longer than the reward model's context raises (the composer then scores the
-        others one by one, and counts that one failed, naming its length)."""
+    def __call__(self, responses: list[str], metadata: list[dict],
+                 sequences: list[list[int]]) -> list[float | Exception]:
+        """Each sequence's score, all scored in one pass; one longer than the reward model's context fails alone
+        (an exception in its place, which the composer counts with its length as the reason)."""
         if self.workers is None:
-            raise RlcoreError(f"reward {self.name!r} is a reward model whose workers have not started")
+            raise RewardBroken(f"reward {self.name!r} is a reward model whose workers have not started")
         if self.policy_tokenizer is not None:
             sequences = [self.tokenizer.encode(self.policy_tokenizer.decode(s), add_special_tokens=False)
                          for s in sequences]
-        longest = max(len(s) for s in sequences)
-        if longest > self.context:
-            raise ValueError(f"a sequence of {longest} tokens is longer than the reward model's context "
-                             f"({self.context}, max_position_embeddings of {self.path})")
-        return self.workers.scores(score_batch(sequences, self.pad_id)).tolist()
+        fits = [i for i, s in enumerate(sequences) if len(s) <= self.context]
+        out: list[float | Exception] = [
+            ValueError(f"a sequence of {len(s)} tokens is longer than the reward model's context ({self.context}, "
+                       f"max_position_embeddings of {self.path})") for s in sequences]
+        if fits:
+            scored = self.workers.scores(score_batch([sequences[i] for i in fits], self.pad_id)).tolist()
+            for i, score in zip(fits, scored):
+                out[i] = score
+        return out
 
 
 def load_model_reward(cfg, registry) -> ModelReward | GenerativeJudge | None:

@@ -8,17 +8,8 @@ import tempfile
 from dataclasses import dataclass
 
 from rlcore.config import Config, bind_agent
+from rlcore.converted import starts_weightless
 from rlcore.specs import Agent, RolloutBackend
-
-
-def starts_weightless(model_path: str, hf_config: dict) -> bool:
-    """An engine cannot start from files that are not the model the actor loaded (block FP8, dequantized on load; a
-    converted checkpoint's Megatron weights): it starts from the config without weights, and the first push gives it
-    the actor's."""
-    from rlcore.converted import is_converted
-    from rlcore.quantization import checkpoint_quantization
-
-    return is_converted(model_path) or checkpoint_quantization(hf_config) is not None
 
 
 def engine_lora(cfg: Config) -> dict[str, int]:
