@@ -52,7 +52,7 @@ def test_scores_equal_transformers_from_the_policy_tokens_and_retokenized(quicks
             if not retokenized:     # a sequence past the model's context (64) fails alone, the others are scored
                 *others, long = reward([""] * 3, [{}] * 3, [sequences[0], sequences[1], sequences[0] * 20])
                 assert isinstance(long, ValueError) and "longer than the reward model's context (64" in str(long)
-                assert torch.allclose(torch.tensor(others), scores[:2].double(), atol=1e-6)
+                assert torch.allclose(torch.tensor(others, dtype=torch.float64), scores[:2].double(), atol=1e-6)
         finally:
             group.stop()
         diff = (scores - expected).abs().max().item()
