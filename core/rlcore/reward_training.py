@@ -200,14 +200,14 @@ def prepare_reward_model(cfg: Config, plugins: LoadedPlugins) -> str | None:
     cache = os.path.expanduser(cfg.warm_start.cache_dir)
     target = os.path.join(cache, f"reward-model-{cfg.task.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
     if os.path.isfile(os.path.join(target, READY)):
-        log.info("using cached reward model %s", target)
+        log.warning("using cached reward model %s", target)
         return target
     work = f"{target}.tmp{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
     trained = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, save_every=0, resume="",
                                                                    loggers=["jsonl"], profile_steps=[]),
                                   run=dataclasses.replace(cfg.run, dir=work))
-    log.info("no cached reward model: training one on %s preference pairs (cached in %s for later runs)",
+    log.warning("no cached reward model: training one on %s preference pairs (cached in %s for later runs)",
              section.synthetic_pairs or "the files'", target)
     training = RewardModelTraining(trained, plugins)
     try:

@@ -50,7 +50,15 @@ def test_a_run_with_a_tp2_reward_model_killed_and_resumed_logs_what_the_uninterr
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_async_run_with_a_reward_model(reward_model, warm_start_cache, tmp_path):
-    run_dir = tmp_path / "run"
-    run_to_end(async_quickstart(run_dir, warm_start_cache, f"reward_model.path={reward_model}", steps=3))
-    assert_scored_by_the_reward_model(logged(run_dir), 3)
+def test_an_async_run_trains_its_reward_model_first_and_caches_it(warm_start_cache, tmp_path):
+    """reward_model.path empty and reward_training's pairs given (rlhf-quickstart's way, at a tiny size): the run
+    trains the reward model first, caches it beside the warm start, and an identical run finds it there."""
+    pairs = ["reward_training.synthetic_pairs=64", "reward_training.val_pairs=16", "reward_training.pairs_per_step=16",
+             "reward_model.micro_batch_size=32"]
+    first = run_to_end(async_quickstart(tmp_path / "first", warm_start_cache, *pairs, steps=3))
+    assert "no cached reward model: training one on 64 preference pairs" in first.stderr
+    assert_scored_by_the_reward_model(logged(tmp_path / "first"), 3)
+    [cached] = list(warm_start_cache.glob("reward-model-addition-*"))
+    assert (cached / "rlcore_ready.json").is_file() and (cached / "config.json").is_file()
+    again = run_to_end(async_quickstart(tmp_path / "again", warm_start_cache, *pairs, steps=1))
+    assert f"using cached reward model {cached}" in again.stderr
