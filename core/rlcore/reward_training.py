@@ -24,9 +24,9 @@ from rlcore.config import Config, check_runnable_here, reward_model_world, save_
 from rlcore.datasets.preferences import TokenizedPairs, pair_batch, read_pairs, tokenize_pairs
 from rlcore.errors import ConfigError
 from rlcore.plugins import LoadedPlugins
+from rlcore.warm_start import READY      # the marker of a finished cache entry, as the warm start's
 
 log = logging.getLogger(__name__)
-READY = "rlcore_ready.json"
 
 
 class RewardModelTraining:
@@ -208,7 +208,7 @@ def prepare_reward_model(cfg: Config, plugins: LoadedPlugins) -> str | None:
                                                                    loggers=["jsonl"], profile_steps=[]),
                                   run=dataclasses.replace(cfg.run, dir=work))
     log.warning("no cached reward model: training one on %s preference pairs (cached in %s for later runs)",
-             section.synthetic_pairs or "the files'", target)
+                section.synthetic_pairs or "the files'", target)
     training = RewardModelTraining(trained, plugins)
     try:
         summary = training.train(work)

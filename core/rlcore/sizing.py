@@ -268,24 +268,13 @@ def reward_model_spec(cfg: Config, models: dict, hf: dict):
     its world as the config loader checks them; a ConfigError in one line naming the key otherwise."""
     from rlcore.config import reward_model_world
     from rlcore.config.loader import _check_layout
-    from rlcore.megatron.model import check_model_config
-    from rlcore.megatron.reward_model import check_reward_model, classifier_architecture, family_of
+    from rlcore.megatron.reward_model import check_classifier_config, check_reward_model
 
     rm = cfg.reward_model
     key, given = ("reward_model.path", rm.path) if rm.path else ("reward_model.hf_config", rm.hf_config)
-    try:
-        if rm.path:
-            spec = check_reward_model(models, hf, os.path.expanduser(rm.path), rm.dtype)
-        else:               # a config only (a plan for another machine): no weights to look into
-            spec, arch = family_of(models, hf), hf["architectures"][0]
-            if arch in spec.hf_architectures:
-                raise ValueError(f"it holds a {arch} checkpoint, a causal LM: a reward model is its sequence "
-                                 f"classifier ({classifier_architecture(arch)})")
-            labels = len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2)
-            if labels != 1:
-                raise ValueError(f"its score head is {labels} labels wide (id2label/num_labels): a reward model "
-                                 f"gives one score, num_labels=1")
-            check_model_config(spec, {**hf, "architectures": list(spec.hf_architectures[:1])}, rm.dtype)
+    try:        # a config only (a plan for another machine) has no weights to look into
+        spec = (check_reward_model(models, hf, os.path.expanduser(rm.path), rm.dtype) if rm.path
+                else check_classifier_config(models, hf, rm.dtype))
     except ValueError as e:
         raise ConfigError(f"{key} {given!r}: {e}") from None
     world_key = ("reward_model.world_size" if rm.world_size else "trainer.world_size"

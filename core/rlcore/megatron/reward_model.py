@@ -40,10 +40,9 @@ def family_of(models: dict[str, ModelSpec], hf_config: dict) -> ModelSpec:
                      f"installed families give: {', '.join(known) or 'none'})")
 
 
-def check_reward_model(models: dict[str, ModelSpec], hf_config: dict, path: str, dtype: str = "float32"
-                       ) -> ModelSpec:
-    """A sequence classifier rlcore can score with, before any worker starts: a classifier of an installed family
-    (whose own checks its config passes), one label wide, with its score head in the files; its family, or a
+def check_classifier_config(models: dict[str, ModelSpec], hf_config: dict, dtype: str = "float32") -> ModelSpec:
+    """What a reward model's config.json must say (a dry run, planning for another machine, has only that): a
+    sequence classifier of an installed family, whose own checks its config passes, one label wide; its family, or a
     ValueError saying what is wrong."""
     from rlcore.megatron.model import check_model_config
 
@@ -57,6 +56,14 @@ def check_reward_model(models: dict[str, ModelSpec], hf_config: dict, path: str,
         raise ValueError(f"its score head is {labels} labels wide (config.json's id2label/num_labels): a reward "
                          f"model gives one score, num_labels=1")
     check_model_config(spec, {**hf_config, "architectures": list(spec.hf_architectures[:1])}, dtype)
+    return spec
+
+
+def check_reward_model(models: dict[str, ModelSpec], hf_config: dict, path: str, dtype: str = "float32"
+                       ) -> ModelSpec:
+    """A sequence classifier rlcore can score with, before any worker starts: its config as
+    ``check_classifier_config`` wants it, and its score head in the files, [1, hidden]."""
+    spec = check_classifier_config(models, hf_config, dtype)
     files = HFCheckpoint(path, hf_config)
     if SCORE_WEIGHT not in files:
         raise ValueError(f"its weights have no score head ({SCORE_WEIGHT}): it is not a trained sequence classifier "
