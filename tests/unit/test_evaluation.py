@@ -50,3 +50,17 @@ def test_the_reward_curve_draws_every_evaluation_curve(tmp_path):
     path = plot_rewards(history, before, str(tmp_path))
     assert matplotlib.image.imread(path).shape[:2] == (400, 700)
     assert plot_rewards(history[:2], {}, str(tmp_path)) == path        # no held-out set: the training curve alone
+
+
+def test_the_reward_curve_draws_a_reward_model_beside_what_it_stands_for(tmp_path):
+    from rlcore.report import component_curves, plot_rewards
+
+    history = [{"step": s, "reward/mean": 2.0 * s, "reward/rm/mean": 2.0 * s, "reward/exact_match/mean": 0.1 * s}
+               for s in range(1, 5)]
+    history[-1].update({"eval/accuracy": 9.0, "eval/reward/rm/mean": 9.0, "eval/reward/exact_match/mean": 0.5})
+    evaluations = [(4, history[-1])]
+    curves = component_curves(history, evaluations)
+    assert curves == {"exact_match": ([0.1, 0.2, 0.30000000000000004, 0.4], [(4, 0.5)], True),
+                      "rm": ([2.0, 4.0, 6.0, 8.0], [(4, 9.0)], False)}     # the score on a scale of its own
+    assert component_curves([{"step": 1, "reward/mean": 1.0, "reward/exact_match/mean": 1.0}], []) == {}
+    assert plot_rewards(history, {}, str(tmp_path)).endswith("reward_curve.png")
