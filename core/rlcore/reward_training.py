@@ -46,10 +46,16 @@ class RewardModelTraining:
                                         section.rejected_key) if section.val_files else []
             if not self.val_pairs:      # the last val_pairs of the training pairs, held out
                 cut = min(section.val_pairs, len(self.train_pairs) // 2)
+                if cut < 1:
+                    raise ConfigError(f"reward_training.train_files hold {len(self.train_pairs)} pair(s): too few to "
+                                      f"hold some out; give more, or reward_training.val_files")
                 self.train_pairs, self.val_pairs = self.train_pairs[:-cut], self.train_pairs[-cut:]
         elif section.synthetic_pairs:
-            self.train_pairs = self.task.preference_pairs(section.synthetic_pairs, held_out=False)
-            self.val_pairs = self.task.preference_pairs(section.val_pairs, held_out=True)
+            try:
+                self.train_pairs = self.task.preference_pairs(section.synthetic_pairs, held_out=False)
+                self.val_pairs = self.task.preference_pairs(section.val_pairs, held_out=True)
+            except NotImplementedError as e:
+                raise ConfigError(f"reward_training.synthetic_pairs = {section.synthetic_pairs}: {e}") from None
         else:
             raise ConfigError("reward_training has no pairs: give reward_training.train_files (Parquet with prompt, "
                               "chosen, rejected), or reward_training.synthetic_pairs=<count> for a task that makes them")
