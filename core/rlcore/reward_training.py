@@ -21,7 +21,7 @@ from rlcore import checkpoint
 from rlcore.cadence import Cadence
 from rlcore.checkpoint import Checkpointer, resolve_resume, run_directory
 from rlcore.config import Config, check_runnable_here, reward_model_world, save_config, to_dict
-from rlcore.datasets.preferences import TokenizedPairs, pair_batch, read_pairs, tokenize_pairs
+from rlcore.datasets.preferences import pair_batch, read_pairs, tokenize_pairs
 from rlcore.errors import ConfigError
 from rlcore.plugins import LoadedPlugins
 from rlcore.warm_start import READY      # the marker of a finished cache entry, as the warm start's
