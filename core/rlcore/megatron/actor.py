@@ -12,7 +12,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from rlcore.config.schema import ActorConfig
 from rlcore.data import Batch
