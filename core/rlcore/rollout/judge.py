@@ -142,8 +142,8 @@ class GenerativeJudge:
         rlcore or the backend cannot serve is refused, in one line naming it."""
         from transformers import AutoTokenizer
 
-        from rlcore.megatron.model import read_hf_config
         from rlcore.converted import starts_weightless
+        from rlcore.megatron.model import read_hf_config
 
         hf_config = read_hf_config(path)
         heads = [a for a in hf_config.get("architectures") or [] if not a.endswith(("ForCausalLM", "LMHeadModel"))]
