@@ -27,7 +27,8 @@ def load_template(value: str) -> str:
     if "{response}" not in text:
         what = ("the file has no {response}" if from_file else
                 "it names no file, and as a template it has no {response}" if value else "it is empty")
-        raise ConfigError(f"config key 'reward_model.judge.template' = {value[:80]!r} is not allowed ({what}): use "
+        shown = value if from_file else value[:80]      # a path whole; inline text cut
+        raise ConfigError(f"config key 'reward_model.judge.template' = {shown!r} is not allowed ({what}): use "
                           f"a rubric, inline or a file's path, with {{response}} where the judge reads the response "
                           f"(and {{prompt}}, {{answer}} where it reads those)")
     return text
