@@ -24,7 +24,7 @@ from rlcore.config import Config, check_runnable_here, reward_model_world, save_
 from rlcore.datasets.preferences import pair_batch, read_pairs, tokenize_pairs
 from rlcore.errors import ConfigError
 from rlcore.plugins import LoadedPlugins
-from rlcore.warm_start import READY      # the marker of a finished cache entry, as the warm start's
+from rlcore.warm_start import is_ready, publish     # a cache entry, as the warm start's
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def prepare_reward_model(cfg: Config, plugins: LoadedPlugins) -> str | None:
                      sort_keys=True, default=str)
     cache = os.path.expanduser(cfg.warm_start.cache_dir)
     target = os.path.join(cache, f"reward-model-{cfg.task.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
-    if os.path.isfile(os.path.join(target, READY)):
+    if is_ready(target):
         log.warning("using cached reward model %s", target)
         return target
     work = f"{target}.tmp{os.getpid()}"
@@ -220,10 +220,6 @@ def prepare_reward_model(cfg: Config, plugins: LoadedPlugins) -> str | None:
         summary = training.train(work)
     finally:
         training.close()
-    hf = os.path.join(work, "hf")
-    with open(os.path.join(hf, READY), "w") as f:
-        json.dump(summary, f, indent=2)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(hf, target)
+    publish(os.path.join(work, "hf"), target, summary)
     shutil.rmtree(work, ignore_errors=True)
     return target

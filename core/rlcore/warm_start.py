@@ -53,7 +53,7 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
         raise RlcoreError(f"model family {spec.name!r} cannot build a tiny model; set model.path")
     cache = os.path.expanduser(cfg.warm_start.cache_dir)
     target = os.path.join(cache, f"{spec.name}-{cfg.task.name}-{_cache_key(cfg)}")
-    if os.path.isfile(os.path.join(target, READY)):
+    if is_ready(target):
         log.info("using cached starting checkpoint %s", target)
         return target
     tmp = f"{target}.tmp{os.getpid()}"
@@ -84,11 +84,22 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
     # tiny model then loads a multi-file checkpoint into the actor, the critic and the rollout engine
     with _quiet_transformers():
         model.save_pretrained(tmp, max_shard_size="1MB")
-    with open(os.path.join(tmp, READY), "w") as f:
-        json.dump({**trained, "seconds": time.perf_counter() - start}, f)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    publish(tmp, target, {**trained, "seconds": time.perf_counter() - start})
     return target
+
+
+def is_ready(entry: str) -> bool:
+    """Whether a cache entry (a starting checkpoint, a trained reward model) was finished: ``publish`` marked it."""
+    return os.path.isfile(os.path.join(entry, READY))
+
+
+def publish(built: str, target: str, record: dict) -> None:
+    """Mark the directory ``built`` finished (``record`` in its READY file) and put it in ``target``'s place: another
+    run's half-built entry is never read, and an older entry of the same settings is replaced."""
+    with open(os.path.join(built, READY), "w") as f:
+        json.dump(record, f, indent=2)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(built, target)
 
 
 def starting_checkpoint(cfg: Config, registry) -> str:
