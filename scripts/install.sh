@@ -23,6 +23,7 @@ else
 fi
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $PIP install -q $LOCK -e ".[test,tensorboard,wandb,mlflow]" -e contrib/models/qwen3 -e contrib/models/qwen2 \
+  -e contrib/models/qwen2_vl \
   -e contrib/models/mixtral -e contrib/models/llama \
   -e contrib/models/deepseek -e contrib/algorithms/grpo -e contrib/algorithms/ppo -e contrib/algorithms/rloo \
   -e contrib/rollout/vllm -e contrib/rollout/hf -e contrib/rollout/sglang -e contrib/compat/verl \

@@ -9,14 +9,18 @@ def with_transformers_defaults(raw: dict) -> dict:
     """The config with every key it leaves out set to the default of transformers' config class for its
     ``model_type``, in transformers' own normal form (e.g. ``rope_theta`` inside ``rope_parameters``). Model plugins
     read this one complete dict instead of restating defaults, which drift (transformers' Qwen3 defaults
-    ``rope_theta`` to 1e4, Qwen3-MoE ``norm_topk_prob`` to false). A model type transformers does not know is
-    returned as it is."""
+    ``rope_theta`` to 1e4, Qwen3-MoE ``norm_topk_prob`` to false). A vision-language config's ``text_config`` is
+    flattened into it (its ``vision_config`` stays a dict). A model type transformers does not know is returned as it
+    is."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     if raw.get("model_type") not in CONFIG_MAPPING:   # a plugin for an architecture transformers lacks
         return dict(raw)
-    return AutoConfig.for_model(**raw).to_dict()
+    config = AutoConfig.for_model(**raw).to_dict()
+    if "text_config" in config:   # a vision-language model: its language model's keys at the top, as published
+        return {**config.pop("text_config"), **config}
+    return config
 
 
 def unsupported(family: str, key: str, value: Any, why: str) -> ValueError:

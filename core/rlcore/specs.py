@@ -14,6 +14,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class VisionSpec:
+    """The vision side of a vision-language family, which Megatron's GPTModel lacks: the core builds the
+    language model from the family's ``ModelSpec`` as for any other family and adds this (``rlcore.megatron.vision``).
+
+    encoder(hf_config) -> the vision tower (a torch module, on the first pipeline stage, whole on every TP rank);
+        ``encoder(pixel_values, grid_thw)`` -> one embedding per image token [tokens, hidden], images in order
+    hf_prefix: the checkpoint's name prefix of the tower's weights ("visual."): HF name = prefix + parameter name
+    image_token_id(hf_config) -> the placeholder token each image embedding takes the place of
+    positions(input_ids [s], grid_thw [images, 3], hf_config) -> one sequence's rotary positions [3, s] (M-RoPE:
+        temporal, height, width), given the images it holds in order
+    """
+    encoder: Callable[[dict], torch.nn.Module]
+    hf_prefix: str
+    image_token_id: Callable[[dict], int]
+    positions: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model family. ``hf_config`` is the parsed ``config.json`` of an HF checkpoint (a plain dict).
 
@@ -23,6 +41,7 @@ class ModelSpec:
     gpt_kwargs(hf_config) -> extra GPTModel arguments (vocab size, RoPE base, tied embeddings, ...)
     weight_rules(transformer_config, hf_config) -> list of ``rlcore.convert`` rules (Megatron <-> HF)
     tiny_hf_config(vocab_size, **sizes) -> an HF config dict for built-in tiny models (tests, quickstart)
+    vision: a vision-language family's vision tower and positions (``VisionSpec``); None for text-only families
     """
     name: str
     hf_architectures: tuple[str, ...]
@@ -31,6 +50,7 @@ class ModelSpec:
     gpt_kwargs: Callable[[dict], dict]
     weight_rules: Callable[[Any, dict], list]
     tiny_hf_config: Callable[..., dict] | None = None
+    vision: VisionSpec | None = None
 
 
 @dataclass(frozen=True)

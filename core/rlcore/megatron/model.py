@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.convert import Layout, WeightConverter
+from rlcore.convert import Layout, Rename, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_checkpoint import log as load_log
 from rlcore.hf_config import with_transformers_defaults
@@ -83,7 +83,7 @@ def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32")
                          f"{', '.join(spec.hf_architectures)}")
     config = transformer_config(spec, hf_config, dtype)
     spec.gpt_kwargs(hf_config)
-    spec.weight_rules(config, hf_config)
+    weight_rules(spec, config, hf_config)
 
 
 def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,
@@ -100,15 +100,31 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
                                 ep=mpu.get_expert_model_parallel_world_size(), sequence_parallel=sequence_parallel,
                                 last_stage_layers=last_stage_layers, recompute=recompute,
                                 cpu_initialization=structure_only)
+    model_class, more = GPTModel, {}
+    if spec.vision is not None:
+        from rlcore.megatron.vision import VisionLanguageGPT
+
+        model_class, more = VisionLanguageGPT, dict(vision=spec.vision, hf_config=hf_config)
     with torch.device("meta") if structure_only else nullcontext():
-        model = GPTModel(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
-                         post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config))
+        model = model_class(config, spec.layer_spec(config), pre_process=mpu.is_pipeline_first_stage(),
+                            post_process=mpu.is_pipeline_last_stage(), **spec.gpt_kwargs(hf_config), **more)
     mark_expert_parameters(model)
     layout = Layout(num_heads=config.num_attention_heads, num_query_groups=config.num_query_groups,
                     head_dim=config.kv_channels, vocab_size=hf_config["vocab_size"])
-    converter = WeightConverter(spec.weight_rules(config, hf_config), config.num_layers, layout,
+    converter = WeightConverter(weight_rules(spec, config, hf_config), config.num_layers, layout,
                                 num_experts=config.num_moe_experts or 0)
     return model, converter
+
+
+def weight_rules(spec: ModelSpec, config, hf_config: dict) -> list:
+    """The family's rules, and a vision-language family's tower weights under their checkpoint names."""
+    rules = spec.weight_rules(config, hf_config)
+    if spec.vision is not None:
+        from rlcore.megatron.vision import tower_parameter_names
+
+        rules += [Rename(f"vision.{name}", spec.vision.hf_prefix + name)
+                  for name in tower_parameter_names(spec.vision, hf_config)]
+    return rules
 
 
 def mark_expert_parameters(model: GPTModel) -> None:

@@ -23,6 +23,7 @@ from rlcore.converted import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
+from rlcore.multimodal import IMAGES
 from rlcore.specs import ModelSpec, OptimizerSpec
 
 if TYPE_CHECKING:
@@ -223,9 +224,10 @@ class MegatronTrainable:
 
         def forward_step(data_iterator, chunk):
             mb, packed = next(data_iterator)
+            more = self._model_inputs(mb)
             if packed is not None:   # one row, sequences end to end; outputs go back to the micro-batch's layout
                 labels = packed.labels
-                output = chunk(packed.ids, packed.positions, None, packed_seq_params=packed.params)
+                output = chunk(packed.ids, packed.positions, None, packed_seq_params=packed.params, **more)
             else:
                 ids = mb["input_ids"]
                 labels = torch.roll(ids, -1, dims=1)
@@ -234,7 +236,7 @@ class MegatronTrainable:
                     index = self._cp_index(ids.shape[1])
                     mb = _select_columns(mb, index)
                     ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
-                output = chunk(ids, positions, None)
+                output = chunk(ids, positions, None, **more)
 
             def loss_func(output):
                 per_token, more = self.token_outputs(output, labels, extras)
@@ -255,6 +257,13 @@ class MegatronTrainable:
                 num_microbatches=len(micro), seq_length=max(s[1] for s in shapes) // self.cp_size,
                 micro_batch_size=max(s[0] for s in shapes), forward_only=forward_only)
         return results, list(zip(rows, outputs)), _padding_fraction(batch, sum(a * b for a, b in shapes), rows)
+
+    def _model_inputs(self, micro_batch: Batch) -> dict:
+        """What the model takes besides the tokens: a vision-language model, each row's images (``rlcore.multimodal``,
+        in the rows' metadata)."""
+        if self.spec.vision is None:
+            return {}
+        return {"images": [row.get(IMAGES) for row in micro_batch.meta] if micro_batch.meta else None}
 
     def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
         """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).

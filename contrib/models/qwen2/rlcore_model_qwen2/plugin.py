@@ -25,7 +25,8 @@ def _head_dim(hf: dict, family: str) -> int:
     return derived
 
 
-def _dense_config(hf: dict, family: str, qkv_bias: bool, **moe_and_overrides):
+def dense_config(hf: dict, family: str, qkv_bias: bool, **moe_and_overrides):
+    """The Qwen2 decoder's TransformerConfig (Qwen2-VL's language model too); ``family`` names it in refusals."""
     from megatron.core.transformer import TransformerConfig
 
     require_silu(hf, family)
@@ -43,7 +44,7 @@ def _dense_config(hf: dict, family: str, qkv_bias: bool, **moe_and_overrides):
 
 def transformer_config(hf: dict, **overrides):
     """Qwen2 / Qwen2.5 dense: q/k/v always biased."""
-    return _dense_config(hf, "Qwen2", qkv_bias=True, **overrides)
+    return dense_config(hf, "Qwen2", qkv_bias=True, **overrides)
 
 
 def moe_transformer_config(hf: dict, **overrides):
@@ -57,7 +58,7 @@ def moe_transformer_config(hf: dict, **overrides):
         raise unsupported("Qwen2-MoE", "num_experts_per_tok", 1, "with norm_topk_prob=true every token's one expert "
                           "gets weight 1.0 in transformers; megatron-core's top-1 router weights by the softmax "
                           "probability; set norm_topk_prob to false for that")
-    return _dense_config(
+    return dense_config(
         hf, "Qwen2-MoE", qkv_bias=bool(hf["qkv_bias"]), num_moe_experts=hf["num_experts"], moe_router_topk=topk,
         moe_ffn_hidden_size=hf["moe_intermediate_size"],
         # top-k then softmax == softmax then renormalised top-k; without renormalisation the softmax comes first

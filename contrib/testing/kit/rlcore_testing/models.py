@@ -56,11 +56,11 @@ def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
     """transformers builds a random model from ``hf_config`` (norms and routers randomised) and saves it (in files
     of 100 KB with an index); then config.json is rewritten exactly as given, so that keys it leaves out stay out, as in a published checkpoint.
     Returns the transformers model (eval)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.for_model(**hf_config)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).float()
+    model = auto_model_class(hf_config).from_config(config).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -74,6 +74,14 @@ def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=1)
     return model.eval()
+
+
+def auto_model_class(hf_config: dict):
+    """transformers' auto class of the config's model: a causal LM, or an image-text-to-text model (Qwen2.5-VL)."""
+    import transformers
+
+    return (transformers.AutoModelForImageTextToText if "vision_config" in hf_config
+            else transformers.AutoModelForCausalLM)
 
 
 def random_hf_state(hf_config: dict, scale: float, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,0 +1,117 @@
+"""Conformance checks for vision-language model plugins (Qwen2-VL / Qwen2.5-VL), on tiny random checkpoints built
+in-process (fp32, CPU, gloo), against transformers' own model given ``mm_token_type_ids`` (without them it builds
+wrong M-RoPE positions: ../shared/notes/vlm-rl.md):
+
+- ``image_prompts``: rows of one length, each holding images of the given patch grids between the family's vision
+  start/end tokens and random text, with random pixel values (the processor is not what is checked here);
+- ``assert_image_logits_match``: megatron-core's logits equal transformers' on them;
+- ``assert_image_logits_match_tp``: the same at TP=2 (with and without sequence parallelism) in two processes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from rlcore.launch import torchrun
+from rlcore.multimodal import ImageInputs
+
+# fp32 logits of a tiny vision-language model agree to ~1e-6 when the mapping is right; the issue's bound is 1e-5
+IMAGE_LOGIT_TOLERANCE = 1e-5
+
+
+def image_prompts(hf_config: dict, grids: list[list[tuple[int, int, int]]], text: int = 6, seed: int = 0,
+                  multiple: int = 1) -> tuple[torch.Tensor, list[ImageInputs]]:
+    """One row per entry of ``grids`` (each a list of (t, h, w) patch grids): ``text`` random tokens, then per
+    image vision-start, its placeholders, vision-end and ``text`` random tokens; rows padded with random text to one
+    length, a multiple of ``multiple``. Returns the ids [rows, length] and each row's images."""
+    g = torch.Generator().manual_seed(seed)
+    vision = hf_config["vision_config"]
+    merge, patch, temporal = vision["spatial_merge_size"], vision["patch_size"], vision["temporal_patch_size"]
+    features = vision.get("in_chans", vision.get("in_channels", 3)) * temporal * patch * patch
+    special = {hf_config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                      "vision_end_token_id")}
+    words = torch.tensor([i for i in range(hf_config["vocab_size"]) if i not in special])
+
+    def random_text(n: int) -> list[int]:
+        return words[torch.randint(0, len(words), (n,), generator=g)].tolist()
+
+    rows, images = [], []
+    for row in grids:
+        ids = random_text(text)
+        for t, h, w in row:
+            ids += [hf_config["vision_start_token_id"], *[hf_config["image_token_id"]] * (t * h * w // merge ** 2),
+                    hf_config["vision_end_token_id"], *random_text(text)]
+        rows.append(ids)
+        grid = torch.tensor(row, dtype=torch.long).reshape(-1, 3)
+        images.append(ImageInputs(torch.randn(int(grid.prod(-1).sum()), features, generator=g), grid))
+    width = -(-max(map(len, rows)) // multiple) * multiple
+    return torch.tensor([r + random_text(width - len(r)) for r in rows]), images
+
+
+def transformers_logits(hf_model, hf_config: dict, ids: torch.Tensor, images: list[ImageInputs]) -> torch.Tensor:
+    """transformers' logits with the images and ``mm_token_type_ids`` (1 at image placeholders)."""
+    with torch.no_grad():
+        return hf_model(input_ids=ids, pixel_values=torch.cat([i.pixel_values for i in images]),
+                        image_grid_thw=torch.cat([i.grid_thw for i in images]),
+                        mm_token_type_ids=(ids == hf_config["image_token_id"]).int()).logits
+
+
+def assert_image_logits_match(model, hf_model, hf_config: dict, ids: torch.Tensor, images: list[ImageInputs],
+                              tolerance: float = IMAGE_LOGIT_TOLERANCE) -> float:
+    with torch.no_grad():
+        ours = model(ids, None, None, images=images)
+    theirs = transformers_logits(hf_model, hf_config, ids, images)
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    diff = (ours - theirs).abs().max().item()
+    assert diff < tolerance, f"Megatron logits differ from transformers' on image prompts by {diff}"
+    return diff
+
+
+_TP_RANK = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+    from rlcore.megatron.model import build_gpt, load_hf_into, read_hf_config, read_hf_weights
+    from rlcore.megatron.parallel import init_parallel, shutdown_parallel
+    from rlcore.plugins import load_plugins
+    from rlcore_testing.models import auto_model_class
+    from rlcore_testing.vision import image_prompts, transformers_logits
+    plugin, family, path, grids, sp = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), sys.argv[5] == "1"
+    spec = load_plugins([plugin]).registry.get("models", family)
+    init_parallel(tp=2, seed=0)
+    hf_config = read_hf_config(path)
+    model, converter = build_gpt(spec, hf_config, sequence_parallel=sp)
+    load_hf_into(model, converter, read_hf_weights(path))
+    ids, images = image_prompts(hf_config, [[tuple(g) for g in row] for row in grids], multiple=2)
+    with torch.no_grad():
+        ours = gather_from_tensor_model_parallel_region(model.eval()(ids, None, None, images=images))
+    hf_model = auto_model_class(hf_config).from_pretrained(path, dtype=torch.float32).eval()
+    diff = (ours - transformers_logits(hf_model, hf_config, ids, images)).abs().max().item()
+    rank = dist.get_rank()
+    shutdown_parallel()
+    print(f"TP2 diff {diff:.3e} rank {rank}", flush=True)   # one write: two ranks share the pipe
+""")
+
+
+def assert_image_logits_match_tp(plugin: str, family: str, path: str, grids: list[list[tuple[int, int, int]]],
+                                 sequence_parallel: bool = False, tolerance: float = IMAGE_LOGIT_TOLERANCE) -> float:
+    """Two processes at TP=2 (the language model split, the vision tower whole on both): logits equal
+    transformers'. Returns the largest difference."""
+    import json
+
+    script = os.path.join(path, "_tp2_rank.py")
+    with open(script, "w") as f:
+        f.write(_TP_RANK)
+    result = subprocess.run([*torchrun(2), script, plugin, family, path, json.dumps(grids),
+                             "1" if sequence_parallel else "0"],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    diffs = [float(d) for d in re.findall(r"TP2 diff (\S+) rank", result.stdout)]   # the ranks' lines may interleave
+    assert result.returncode == 0 and len(diffs) == 2, result.stderr[-4000:]
+    assert max(diffs) < tolerance, f"at TP=2 Megatron logits differ from transformers' by {max(diffs)}"
+    return max(diffs)
