@@ -92,13 +92,15 @@ class Sampling:
     """How one request samples. ``temperature`` 0 is greedy; ``top_k`` -1 and ``top_p`` 1 are off;
     ``stop_token_ids``: tokens that end the response besides eos (kept in it, as eos is); ``min_tokens``: eos and the
     stop ids are not sampled before the response holds this many tokens (vLLM's ``min_tokens``, SGLang's
-    ``min_new_tokens``)."""
+    ``min_new_tokens``); ``banned_token_ids``: never sampled (a vision-language model's image placeholders: one
+    sampled would break the next forward's image count)."""
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
+    banned_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -143,6 +145,18 @@ class RolloutBackend(abc.ABC):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load a stream of full HF-named tensors into the running engine, replacing its weights; they are
         weights ``version`` from now on."""
+
+    async def generate_with_images(self, tokens: list[int], images: Sequence[Any], sampling: Sampling,
+                                   seed: int | None, request_id: str) -> Completion:
+        """``generate`` for a prompt holding images (a vision-language model): ``tokens`` as the trained model reads
+        them (each image's run of placeholder tokens, as many as its embeddings), ``images`` the images (PIL) in
+        order; the engine makes its own pixels from them with the checkpoint's processor."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take images with its prompts")
+
+    def score_with_images(self, sequences: Sequence[list[int]], start: Sequence[int],
+                          images: Sequence[Sequence[Any]]) -> list[list[float]]:
+        """``score`` for sequences holding images (``generate_with_images``'s form), each with its own."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take images with its prompts")
 
     def load_adapters(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
         """Serve the base weights with these LoRA adapters from now on (``rollout.lora=adapters``), as weights

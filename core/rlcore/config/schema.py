@@ -232,6 +232,8 @@ class RolloutConfig:
                                   # adapted ones as W + B A * scale (any engine); adapters: only the adapters' factors
                                   # (r wide, PEFT's layout), the engine serving the base weights it started from with
                                   # LoRA on (a backend that can: vllm)
+    limit_images: int = 1         # a vision-language model: the most images one prompt may hold (the engine sizes
+                                  # its encoder's memory for them; vLLM's limit_mm_per_prompt)
 
 
 @dataclass

@@ -60,6 +60,9 @@ class VLLMRollout(RolloutBackend):
         self._adapters = ServedAdapter() if lora_rank else None
         if lora_rank:
             options.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(lora_rank), max_loras=1)
+        self.image_token_id = _image_token_id(model_path)
+        if self.image_token_id is not None:
+            options.update(limit_mm_per_prompt={"image": cfg.limit_images, "video": 0})
         self.llm = LLM(model=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        enforce_eager=not torch.cuda.is_available(), seed=seed, max_model_len=max_model_len,
                        kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), enable_sleep_mode=False,
@@ -76,17 +79,39 @@ class VLLMRollout(RolloutBackend):
         return self.llm.llm_engine.model_executor.driver_worker.worker
 
     async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
+        return await self._generate(_token_prompts([tokens])[0], sampling, seed, request_id)
+
+    async def generate_with_images(self, tokens: list[int], images: Sequence[Any], sampling: Sampling,
+                                   seed: int | None, request_id: str) -> Completion:
+        return await self._generate(self._image_prompts([tokens], [images])[0], sampling, seed, request_id)
+
+    async def _generate(self, prompt: TokensPrompt, sampling: Sampling, seed: int | None,
+                        request_id: str) -> Completion:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        # vLLM clamps a logit bias to [-100, 100]: a banned token keeps a probability of e^-100 at most
+        banned = {token: -100.0 for token in sampling.banned_token_ids} or None
         params = SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                                 max_tokens=sampling.max_tokens, stop_token_ids=list(sampling.stop_token_ids),
                                 min_tokens=sampling.min_tokens, logprobs=0, seed=seed, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA,
+                                logit_bias=banned, output_kind=RequestOutputKind.DELTA,
                                 skip_clone=True)    # made for this request alone: vLLM's deep copy of it is waste
-        submit = lambda: self.llm.llm_engine.add_request(request_id, _token_prompts([tokens])[0], params,  # noqa: E731
+        submit = lambda: self.llm.llm_engine.add_request(request_id, prompt, params,  # noqa: E731
                                                          lora_request=self._lora_request())
         return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort)
+
+    def _image_prompts(self, sequences: Sequence[list[int]], images: Sequence[Sequence[Any]]) -> list[TokensPrompt]:
+        """vLLM expands each image's one placeholder into as many as its processor makes: the trained model's run
+        of placeholders goes in as one (passed whole, vLLM would take it for that many images' worth, silently)."""
+        if self.image_token_id is None:
+            raise ValueError("images were given to a vLLM engine whose model's config.json has no image_token_id: "
+                             "not a vision-language checkpoint")
+        prompts = _token_prompts([_one_placeholder_per_image(s, self.image_token_id) for s in sequences])
+        for prompt, own in zip(prompts, images):
+            if own:
+                prompt["multi_modal_data"] = {"image": list(own)}
+        return prompts
 
     async def _step_while_busy(self) -> None:
         """Step the engine while requests are in flight, yielding between steps (to new requests and aborts)."""
@@ -110,13 +135,22 @@ class VLLMRollout(RolloutBackend):
             self._in_flight.finish(request_id, "abort", self.version)
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
+        return self._score(_token_prompts(sequences), sequences, start)
+
+    def score_with_images(self, sequences: Sequence[list[int]], start: Sequence[int],
+                          images: Sequence[Sequence[Any]]) -> list[list[float]]:
+        """The logprobs come at the expanded prompt's positions, which are ``sequences``' own."""
+        return self._score(self._image_prompts(sequences, images), sequences, start)
+
+    def _score(self, prompts: list[TokensPrompt], sequences: Sequence[list[int]],
+               start: Sequence[int]) -> list[list[float]]:
         from vllm import SamplingParams
 
         if self._in_flight:     # LLM.generate would step the engine and take their outputs
             raise RuntimeError(f"score() with {len(self._in_flight)} requests in flight; score between generations")
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        prompts, lora = _token_prompts(sequences), self._lora_request()
+        lora = self._lora_request()
         if self._adapters is not None and not torch.cuda.is_available():
             # vLLM 0.32's CPU LoRA (PunicaWrapperCPU.add_lora_logits) indexes a request's prompt-logprob rows by the
             # batch's requests: with LoRA on, prompt logprobs of several sequences at once fail ("einsum(): subscript
@@ -129,6 +163,10 @@ class VLLMRollout(RolloutBackend):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self._worker().reload_weights(weights_iterator=iter(named_tensors))
         self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            # the image embeddings vLLM cached (keyed by the image) came from the old vision tower; the engine's
+            # reset clears the scheduler's record of them too (the worker's alone: "Encoder cache miss")
+            self.llm.llm_engine.reset_encoder_cache()
         self.version = version
 
     def load_adapters(self, tensors: dict[str, torch.Tensor], config: dict, version: int) -> None:
@@ -201,6 +239,20 @@ def _vllm_lora_rank(rank: int) -> int:
         raise ValueError(f"actor.lora.rank = {rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; use a "
                          f"smaller rank or rollout.lora=merged")
     return fits[0]
+
+
+def _image_token_id(model_path: str) -> int | None:
+    """The checkpoint's image placeholder (a vision-language model's config.json has one), else None."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except OSError:
+        return None
+    return config.get("image_token_id") if "vision_config" in config else None
+
+
+def _one_placeholder_per_image(tokens: Sequence[int], placeholder: int) -> list[int]:
+    return [t for i, t in enumerate(tokens) if t != placeholder or i == 0 or tokens[i - 1] != placeholder]
 
 
 def _token_prompts(sequences: Sequence[list[int]]) -> list[TokensPrompt]:
