@@ -1,12 +1,23 @@
-"""What a sample's images are to the trained model: the processor's output, carried per sample beside its tokens
-(on the trajectory, then in the batch's per-row metadata under ``IMAGES``) to the learner's forward passes."""
+"""Images in prompts: a task row's images (verl's ``images`` column: PIL images, ``{"bytes", "path"}`` structs, paths
+or raw bytes) and ``<image>`` tags in its text become the trained model's tokens (each image as its placeholders,
+``VisionSpec.image_tokens``) and the processor's pixels (``ImageInputs``), which ride on the trajectory and the
+batch's per-row metadata (``IMAGE_INPUTS``) to the learner; the engine gets the decoded images (``IMAGES``)."""
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-IMAGES = "images"     # the Batch.meta / Trajectory.metadata key of a sample's ``ImageInputs``
+from rlcore.errors import RlcoreError
+
+if TYPE_CHECKING:
+    from rlcore.specs import VisionSpec
+
+IMAGES = "images"               # a row's / trajectory's images (decoded to PIL once the prompt is encoded)
+IMAGE_INPUTS = "image_inputs"   # a trajectory's / batch row's ``ImageInputs``
+IMAGE_TAG = "<image>"           # where each image goes in a prompt's text (verl's convention), in order
 
 
 @dataclass
@@ -30,3 +41,57 @@ def concatenated(samples: list[ImageInputs | None]) -> ImageInputs | None:
     if not present:
         return None
     return ImageInputs(torch.cat([s.pixel_values for s in present]), torch.cat([s.grid_thw for s in present]))
+
+
+def decode_image(image: Any, where: str):
+    """A PIL image (RGB) from what a row may hold; one line naming ``where`` when it cannot be read."""
+    from PIL import Image
+
+    try:
+        if isinstance(image, Image.Image):
+            return image.convert("RGB")
+        if isinstance(image, dict):      # verl's / HF datasets' Image struct: bytes when embedded, else a path
+            image = image.get("bytes") or image.get("path")
+        if isinstance(image, (bytes, bytearray)):
+            return Image.open(io.BytesIO(image)).convert("RGB")
+        if isinstance(image, str):
+            return Image.open(image).convert("RGB")
+    except Exception as e:   # PIL raises several kinds for unreadable data
+        raise RlcoreError(f"{where}: the image cannot be decoded ({type(e).__name__}: {e}); give PNG/JPEG bytes, a "
+                          f"path or a PIL image") from None
+    raise RlcoreError(f"{where}: an image is a {type(image).__name__}; give PNG/JPEG bytes, a {{bytes, path}} "
+                      f"struct, a path or a PIL image")
+
+
+class ImagePrompts:
+    """Encodes prompts that hold images for a vision-language model, with the checkpoint's own image processor
+    (its ``preprocessor_config.json``: min/max pixels as the model directory says)."""
+
+    def __init__(self, model_path: str, vision: VisionSpec, hf_config: dict, tokenizer, limit: int):
+        from transformers import AutoImageProcessor
+
+        self.processor = AutoImageProcessor.from_pretrained(model_path)
+        self.vision, self.hf_config, self.tokenizer, self.limit = vision, hf_config, tokenizer, limit
+        self.reserved = tuple(vision.reserved_token_ids(hf_config))
+
+    def encode(self, text: str, images: Sequence[Any], where: str) -> tuple[list[int], list, ImageInputs]:
+        """(the trained model's tokens, the decoded images, the processor's pixels) of a prompt whose text holds one
+        ``<image>`` tag per image."""
+        pieces = text.split(IMAGE_TAG)
+        if len(pieces) - 1 != len(images):
+            raise RlcoreError(f"{where}: the prompt holds {len(pieces) - 1} {IMAGE_TAG} tag(s) for {len(images)} "
+                              f"image(s); put one {IMAGE_TAG} where each image goes")
+        if len(images) > self.limit:
+            raise RlcoreError(f"{where}: {len(images)} images, more than rollout.limit_images={self.limit}; raise "
+                              f"it (the engine reserves encoder memory for that many) or leave the row out")
+        decoded = [decode_image(image, where) for image in images]
+        processed = self.processor(images=decoded, return_tensors="pt") if decoded else None
+        inputs = (ImageInputs(processed["pixel_values"], processed["image_grid_thw"]) if processed is not None
+                  else ImageInputs(torch.zeros(0, 1), torch.zeros(0, 3, dtype=torch.long)))
+        tokens = self._text(pieces[0])
+        for grid, piece in zip(inputs.grid_thw.tolist(), pieces[1:]):
+            tokens += self.vision.image_tokens(grid, self.hf_config) + self._text(piece)
+        return tokens, decoded, inputs
+
+    def _text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []

@@ -26,8 +26,25 @@ def check_rollout_backend(cfg: Config, registry: Registry, hf_config: dict[str, 
     backend = registry.get("rollout_backends", cfg.rollout.backend)
     if cfg.rollout.lora == "adapters":
         check_adapter_sync(cfg, backend.lora_adapters, hf_config)
+    if registry.get("models", cfg.model.family).vision is not None:
+        check_images(cfg, backend.images)
     if backend.check:
         backend.check(hf_config, cfg.rollout, here)
+
+
+def check_images(cfg: Config, engine_takes_images: bool) -> None:
+    """What a vision-language model's run needs of the rest of it."""
+    if not engine_takes_images:
+        raise ConfigError(f"rollout.backend = {cfg.rollout.backend!r} does not take images with its prompts, which "
+                          f"model.family = {cfg.model.family!r} reads; use rollout.backend=vllm")
+    if cfg.rollout.agent != "single_turn":
+        raise ConfigError(f"rollout.agent = {cfg.rollout.agent!r} with the vision-language model.family = "
+                          f"{cfg.model.family!r}: only single_turn gives episodes their images yet; use "
+                          f"rollout.agent=single_turn")
+    if cfg.actor.parallel.cp > 1:
+        raise ConfigError(f"actor.parallel.cp = {cfg.actor.parallel.cp} with the vision-language model.family = "
+                          f"{cfg.model.family!r}: its M-RoPE positions are not split over context-parallel ranks "
+                          f"yet; use cp=1")
 
 
 def check_adapter_sync(cfg: Config, serves_adapters: bool, hf_config: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from rlcore.errors import RlcoreError
 from rlcore.evaluation import evaluate
 from rlcore.learner import Learner
 from rlcore.lora.base import base_fingerprint
+from rlcore.multimodal import ImagePrompts
 from rlcore.plugins import LoadedPlugins
 from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
                               check_rollout_backend)
@@ -181,7 +182,7 @@ class Run:
             self.model_reward.start(self.reward_model, self.tokenizer)
         keep_group = lambda rewards: self.algorithm.keep_group(rewards, self.algo_cfg)  # noqa: E731
         shared = (self.task, self.tokenizer, hf_config["max_position_embeddings"], self.rewards, keep_group,
-                  self.agent.metrics)
+                  self.agent.metrics, self.image_prompts())
         if colocated is None:
             self.rollout = RolloutWorkers(cfg, self.plugins.selection, self.model_path)
             self.source: Source = QueuedSource(cfg, self.rollout, *shared)
@@ -193,6 +194,13 @@ class Run:
                                save=lambda step: self.save_checkpoint(step, self.eval_before),
                                profiled=(self.workers, self.critic))
         self.cadence.open_loggers(self.logger_classes)
+
+    def image_prompts(self) -> ImagePrompts | None:
+        """How a vision-language model's prompts take their images; None for a text-only model."""
+        if self.spec.vision is None:
+            return None
+        return ImagePrompts(self.model_path, self.spec.vision, self.hf_config, self.tokenizer,
+                            self.cfg.rollout.limit_images)
 
     def _check_model(self, hf_config: dict) -> None:
         """What the model must allow before anything slow starts: the layout (the dry run's check), and room for a

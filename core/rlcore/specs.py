@@ -24,11 +24,16 @@ class VisionSpec:
     image_token_id(hf_config) -> the placeholder token each image embedding takes the place of
     positions(input_ids [s], grid_thw [images, 3], hf_config) -> one sequence's rotary positions [3, s] (M-RoPE:
         temporal, height, width), given the images it holds in order
+    image_tokens(grid_thw [3], hf_config) -> the tokens one image of this patch grid stands as in a prompt (its
+        placeholders, as many as its embeddings, and whatever marks them: Qwen's vision start and end)
+    reserved_token_ids(hf_config) -> tokens the policy must never sample (placeholders, vision markers)
     """
     encoder: Callable[[dict], torch.nn.Module]
     hf_prefix: str
     image_token_id: Callable[[dict], int]
     positions: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
+    image_tokens: Callable[[Sequence[int], dict], list[int]]
+    reserved_token_ids: Callable[[dict], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -227,11 +232,14 @@ class RolloutBackendSpec:
     serve (one line: what, and what to do instead); it runs before any worker starts, and on ``--dry-run`` with
     ``here=False`` (a dry run plans for other machines: leave out the limits of this one, e.g. of a CPU build).
     ``lora_adapters``: the engine serves LoRA adapters on its base weights (``RolloutBackend.load_adapters``), so
-    ``rollout.lora=adapters`` may use it; the factory then gets ``lora_rank=`` (the adapters' rank, to size them)."""
+    ``rollout.lora=adapters`` may use it; the factory then gets ``lora_rank=`` (the adapters' rank, to size them).
+    ``images``: the engine takes images with its prompts (``RolloutBackend.generate_with_images``): a
+    vision-language model's runs may use it."""
     name: str
     factory: Callable[..., RolloutBackend]
     check: Callable[[dict, Any, bool], None] | None = None
     lora_adapters: bool = False
+    images: bool = False
 
 
 @dataclass(frozen=True)

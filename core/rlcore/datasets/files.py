@@ -27,6 +27,7 @@ class Columns:
     answer: str = "reward_model.ground_truth"
     source: str = "data_source"
     extra: str = "extra_info"
+    images: str = "images"          # a list of images (verl's {bytes, path} structs, paths or bytes), if present
 
 
 @dataclass
@@ -36,6 +37,7 @@ class PromptRecord:
     source: str                     # the data source (selects the reward when rewards dispatch by source)
     extra: dict = field(default_factory=dict)
     origin: str = ""                # "<file>:<row>", for messages about this record
+    images: list = field(default_factory=list)    # in the order of the prompt's <image> tags
 
 
 def read_prompt_files(paths: list[str], columns: Columns = Columns(), default_source: str = "") -> list[PromptRecord]:
@@ -114,7 +116,12 @@ def _record(row: dict, columns: Columns, default_source: str, origin: str) -> Pr
             isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt))):
         raise ConfigError(f"{origin}: the prompt ({columns.prompt!r}) is neither text nor a list of "
                           f"{{'role', 'content'}} messages: {str(prompt)[:120]!r}")
-    source, extra = lookup(row, columns.source), lookup(row, columns.extra)
+    source, extra, images = lookup(row, columns.source), lookup(row, columns.extra), lookup(row, columns.images)
+    if images is MISSING or images is None:
+        images = []
+    elif not isinstance(images, list):
+        raise ConfigError(f"{origin}: the images ({columns.images!r}) are a {type(images).__name__}, not a list of "
+                          f"images (one per <image> tag of the prompt)")
     return PromptRecord(prompt=prompt, answer=lookup(row, columns.answer),
                         source=default_source if source is MISSING or source is None else str(source),
-                        extra=extra if isinstance(extra, dict) else {}, origin=origin)
+                        extra=extra if isinstance(extra, dict) else {}, origin=origin, images=images)

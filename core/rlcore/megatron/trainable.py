@@ -23,7 +23,7 @@ from rlcore.converted import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
-from rlcore.multimodal import IMAGES
+from rlcore.multimodal import IMAGE_INPUTS
 from rlcore.specs import ModelSpec, OptimizerSpec
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ class MegatronTrainable:
         in the rows' metadata)."""
         if self.spec.vision is None:
             return {}
-        return {"images": [row.get(IMAGES) for row in micro_batch.meta] if micro_batch.meta else None}
+        return {"images": [row.get(IMAGE_INPUTS) for row in micro_batch.meta] if micro_batch.meta else None}
 
     def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
         """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).

@@ -9,7 +9,8 @@ from typing import Callable
 import torch
 
 from rlcore.config import Config
-from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree, worst
+from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree, with_image_prompts, worst
+from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import ColocatedWorkers, Weights
@@ -25,8 +26,9 @@ class ColocatedSource(Source):
 
     def __init__(self, cfg: Config, workers: ColocatedWorkers, task: Task, tokenizer, max_len: int,
                  rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool],
-                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
-        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics)
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None,
+                 images: ImagePrompts | None = None):
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics, images)
         self.workers = workers
 
     # --- the engine ----------------------------------------------------------------------------------------------
@@ -38,8 +40,12 @@ class ColocatedSource(Source):
     def check_logprobs(self, seed: int = 0) -> float:
         """The engine-vs-actor check on a fixed batch, on every rank; raises past trainer.logprob_tolerance."""
         self.workers.rollout_mode()
-        probe = fixed_probe(len(self.tokenizer), seed=seed)
-        results = self.workers.compare_logprobs(*probe, self.pad_id)
+        probe = fixed_probe(len(self.tokenizer), seed=seed, excluded=self.reserved_tokens)
+        if self.images is None:
+            results = self.workers.compare_logprobs(*probe, self.pad_id)
+        else:
+            prompts, responses, images = with_image_prompts(probe, self.images, seed)
+            results = self.workers.compare_logprobs(prompts, responses, self.pad_id, images)
         result = worst(results)
         raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
         return result.max_abs_diff

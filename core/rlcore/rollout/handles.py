@@ -11,7 +11,7 @@ from rlcore.data import Batch
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.hybrid import SyncStats
-from rlcore.weight_sync.logprob_check import LogprobComparison
+from rlcore.weight_sync.logprob_check import LogprobComparison, Probe, ProbeImages
 
 
 class ColocatedWorkers(Protocol):
@@ -22,8 +22,8 @@ class ColocatedWorkers(Protocol):
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int] | None = None) -> list[list[Trajectory]]: ...
 
-    def compare_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
-                         pad_id: int) -> list[LogprobComparison]: ...
+    def compare_logprobs(self, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                         images: list[ProbeImages] | None = None) -> list[LogprobComparison]: ...
 
 
 class Weights(Protocol):
@@ -45,7 +45,7 @@ class EngineWorkers(Protocol):
 
     def open_push(self, address: str) -> list: ...
 
-    def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None) -> list: ...
+    def receive_weights(self, probe: Probe | None) -> list: ...
 
     def stats(self) -> list: ...
 

@@ -20,7 +20,7 @@ import asyncio
 import hashlib
 from dataclasses import dataclass, replace
 from time import monotonic
-from typing import Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import torch
 
@@ -67,6 +67,17 @@ class PausableEngine(RolloutBackend):
         self._idle_since: float | None = monotonic()
 
     async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
+        return await self._generate(tokens, sampling, seed, request_id, self.engine.generate)
+
+    async def generate_with_images(self, tokens: list[int], images: Sequence[Any], sampling: Sampling,
+                                   seed: int | None, request_id: str) -> Completion:
+        return await self._generate(tokens, sampling, seed, request_id,
+                                    lambda *request: self.engine.generate_with_images(request[0], images,
+                                                                                      *request[1:]))
+
+    async def _generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str,
+                        submit: Callable[[list[int], Sampling, int | None, str], Awaitable[Completion]]
+                        ) -> Completion:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in flight: give each request its own id")
         request = self._requests[request_id] = _Request(request_id)
@@ -82,7 +93,7 @@ class PausableEngine(RolloutBackend):
                 sampled = [t for part in parts for t in part.tokens]
                 self._start(request_id)
                 try:
-                    part = await self.engine.generate(
+                    part = await submit(
                         tokens + sampled, replace(sampling, max_tokens=sampling.max_tokens - len(sampled),
                                                      min_tokens=max(0, sampling.min_tokens - len(sampled))),
                         continuation_seed(seed, request.resumes), request.part_id)
@@ -192,6 +203,10 @@ class PausableEngine(RolloutBackend):
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         return self.engine.score(sequences, start)
+
+    def score_with_images(self, sequences: Sequence[list[int]], start: Sequence[int],
+                          images: Sequence[Sequence[Any]]) -> list[list[float]]:
+        return self.engine.score_with_images(sequences, start, images)
 
     def release_memory(self) -> None:
         self.engine.release_memory()

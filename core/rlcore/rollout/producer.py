@@ -32,8 +32,11 @@ class Producer:
     """Draws prompts as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
     seeded ``prompt_seeds(.., "train", d, 1)``) and starts their groups on the least loaded rollout worker."""
 
-    def __init__(self, cfg: Config, rollout: EngineWorkers, task: Task, encode: Callable[[str], list[int]]):
-        self.cfg, self.rollout, self.encode = cfg, rollout, encode
+    def __init__(self, cfg: Config, rollout: EngineWorkers, task: Task,
+                 encode: Callable[[str, dict], tuple[list[int], dict]], sampling: Sampling):
+        """``encode``: a row's prompt text and metadata -> its tokens and its episodes' metadata
+        (``Source.encode_prompt``); ``sampling``: how every request samples."""
+        self.cfg, self.rollout, self.encode, self.sampling = cfg, rollout, encode, sampling
         self.batch = cfg.trainer.prompts_per_step
         self.admission = Admission(cfg.rollout.max_staleness, self.batch, cfg.actor.mini_batches * cfg.actor.epochs)
         self.buffer: collections.deque[Produced] = collections.deque()
@@ -81,15 +84,14 @@ class Producer:
         while count and not self.waiting:
             draw, prompts = self.ledger.draw()
             seeds = prompt_seeds(self.batch, self.cfg.run.seed, "train", draw, 1)
-            self.waiting = [(self.encode(p), m, seeds[i], draw, i) for i, p, m in prompts]
+            self.waiting = [(*self.encode(p, m), seeds[i], draw, i) for i, p, m in prompts]
         wave, self.waiting = self.waiting[:count], self.waiting[count:]
         return wave
 
     async def _generate(self, worker: int, wave: list, version: int, load: list[int]) -> None:
-        sampling = Sampling(self.cfg.rollout.max_response_len, self.cfg.rollout.temperature)
         try:
             stream = self.rollout.stream_groups(worker, [p for p, *_ in wave], [m for _, m, *_ in wave],
-                                                self.cfg.rollout.n, sampling, [s for _, _, s, *_ in wave],
+                                                self.cfg.rollout.n, self.sampling, [s for _, _, s, *_ in wave],
                                                 f"d{wave[0][3]}-{wave[0][4]}")
             async for ref in stream:
                 i, group = await ref

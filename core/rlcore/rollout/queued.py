@@ -18,6 +18,7 @@ import torch
 from rlcore.config import Config
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
+from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import EngineWorkers, Weights
@@ -26,17 +27,19 @@ from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
 from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory
-from rlcore.weight_sync.logprob_check import compared, fixed_probe, raise_if_disagree, worst
+from rlcore.weight_sync.logprob_check import (ProbeImages, compared, fixed_probe, probe_batch, raise_if_disagree,
+                                              with_image_prompts, worst)
 
 
 class QueuedSource(Source):
     def __init__(self, cfg: Config, rollout: EngineWorkers, task: Task, tokenizer, max_len: int,
                  rewards: RewardComposer | SourceDispatch, keep_group: Callable[[torch.Tensor], bool],
-                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
-        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics)
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None,
+                 images: ImagePrompts | None = None):
+        super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics, images)
         self.rollout = rollout
         self.batch = cfg.trainer.prompts_per_step
-        self.producer = Producer(cfg, rollout, task, self.encode)
+        self.producer = Producer(cfg, rollout, task, self.encode_prompt, self.sampling(cfg.rollout.temperature))
         self.weights: Weights | None = None       # the learner's (its first push_weights opens the channel)
         # the weight version the engines hold (Learner.version, pushed): the model's own, or none
         self.pushed = -1 if any(w["weightless"] for w in rollout.where) else 0
@@ -188,8 +191,13 @@ class QueuedSource(Source):
             raise RuntimeError("the queued source has no weights to push: the loop hands them over (push_weights) "
                                "before it asks for episodes")
         every = self.cfg.trainer.check_logprobs_every
-        probe = fixed_probe(len(self.tokenizer), seed=step) if every and step % every == 0 else None
-        sequences = None if probe is None else ([p + r for p, r in zip(*probe)], [len(p) for p in probe[0]])
+        checked = every and step % every == 0
+        probe = None
+        if checked:
+            text = fixed_probe(len(self.tokenizer), seed=step, excluded=self.reserved_tokens)
+            probe = (*text, None) if self.images is None else with_image_prompts(text, self.images, step)
+        sequences = None if probe is None else ([p + r for p, r in zip(*probe[:2])], [len(p) for p in probe[0]],
+                                                probe[2])
         with timer("sync"):
             received = self.rollout.receive_weights(sequences)
             try:
@@ -204,14 +212,14 @@ class QueuedSource(Source):
         if probe is not None:
             metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results])
 
-    def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]]], engines: list) -> float:
+    def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]], list[ProbeImages] | None],
+               engines: list) -> float:
         """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
         past trainer.logprob_tolerance."""
-        prompts, responses = probe
+        prompts, responses, images = probe
         pad = self.pad_id
-        actor = weights.logprobs(Batch(build_sequences(prompts, responses, pad)))
-        result = worst(compared(actor, Batch(build_sequences(prompts, responses, pad, response_logprobs=scores)))
-                       for scores in engines)
+        actor = weights.logprobs(probe_batch(prompts, responses, pad, images))
+        result = worst(compared(actor, probe_batch(prompts, responses, pad, images, scores)) for scores in engines)
         raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
         return result.max_abs_diff
 

@@ -13,6 +13,7 @@ import torch
 
 from rlcore.config import Config
 from rlcore.errors import RlcoreError
+from rlcore.multimodal import IMAGE_INPUTS, IMAGES, ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch, neutral_fill
 from rlcore.rollout.handles import Weights
 from rlcore.specs import Sampling, Task
@@ -37,10 +38,13 @@ class Source(abc.ABC):
 
     def __init__(self, cfg: Config, task: Task, tokenizer, max_len: int, rewards: RewardComposer | SourceDispatch,
                  keep_group: Callable[[torch.Tensor], bool],
-                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None):
+                 agent_metrics: Callable[[list[Trajectory]], dict[str, float]] | None = None,
+                 images: ImagePrompts | None = None):
+        """``images``: how a vision-language model's prompts take their images (None: a text-only model)."""
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.rewards, self.keep_group, self.max_len = rewards, keep_group, max_len
         self.agent_metrics = agent_metrics           # the agent's (``AgentSpec.metrics``): turns, tool calls...
+        self.images = images
         self.failure_reasons_seen: set[str] = set()
 
     # --- what a source provides ----------------------------------------------------------------------------------
@@ -82,12 +86,38 @@ class Source(abc.ABC):
         return self.tokenizer.eos_token_id
 
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self._fitting(self.tokenizer.encode(text, add_special_tokens=False), text)
+
+    def encode_prompt(self, text: str, metadata: dict) -> tuple[list[int], dict]:
+        """A row's prompt tokens and the metadata its episodes get: with images, each image's tokens in place of its
+        ``<image>`` tag, the decoded images (``IMAGES``, for the engine) and their pixels (``IMAGE_INPUTS``, for the
+        learner) in a copy of the row's metadata."""
+        images = metadata.get(IMAGES)
+        if images is None or len(images) == 0:
+            return self.encode(text), metadata
+        where = f"prompt {text[:40]!r}"
+        if self.images is None:
+            raise RlcoreError(f"{where} holds {len(images)} image(s) but model.family {self.cfg.model.family!r} is a "
+                              f"text-only model; use a vision-language family (qwen2_vl) or rows without images")
+        tokens, decoded, inputs = self.images.encode(text, images, where)
+        return self._fitting(tokens, text), {**metadata, IMAGES: decoded, IMAGE_INPUTS: inputs}
+
+    def _fitting(self, ids: list[int], text: str) -> list[int]:
         if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
-            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens; with rollout.max_response_len "
-                              f"{self.cfg.rollout.max_response_len} it exceeds the model's context "
-                              f"{self.max_len}. Shorten prompts or lower rollout.max_response_len.")
+            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens (its images' included); with "
+                              f"rollout.max_response_len {self.cfg.rollout.max_response_len} it exceeds the model's "
+                              f"context {self.max_len}. Shorten prompts (smaller images: the processor's max_pixels) "
+                              f"or lower rollout.max_response_len.")
         return ids
+
+    @property
+    def reserved_tokens(self) -> tuple[int, ...]:
+        """Tokens no request samples and no engine check scores: a vision-language model's image placeholders."""
+        return self.images.reserved if self.images is not None else ()
+
+    def sampling(self, temperature: float) -> Sampling:
+        """How the run's requests sample."""
+        return Sampling(self.cfg.rollout.max_response_len, temperature, banned_token_ids=self.reserved_tokens)
 
     def decode(self, ids: list[int]) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -129,9 +159,10 @@ class Source(abc.ABC):
         """``n`` scored episodes of the run's agent for each prompt (sampled with its seed at ``temperature``), one
         group per prompt, and their scores in that order; ``timer`` times the phases (rollout, reward)."""
         timer = timer or (lambda phase: contextlib.nullcontext())
+        encoded = [self.encode_prompt(p, m) for p, m in prompts]
         with timer("rollout"):
-            groups = self.episodes([self.encode(p) for p, _ in prompts], [m for _, m in prompts], n,
-                                   Sampling(self.cfg.rollout.max_response_len, temperature), seeds)
+            groups = self.episodes([tokens for tokens, _ in encoded], [meta for _, meta in encoded], n,
+                                   self.sampling(temperature), seeds)
         return groups, self.scored(groups, timer)
 
 

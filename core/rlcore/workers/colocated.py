@@ -33,9 +33,9 @@ class ActorRolloutWorker(ActorWorker):
                  seeds: list[int] | None = None) -> list[list[Trajectory]]:
         return episodes(self.agent, self.rollout, prompts, metadata, n, sampling, seeds)
 
-    def compare_logprobs(self, prompts, responses, pad_id: int) -> LogprobComparison:
+    def compare_logprobs(self, prompts, responses, pad_id: int, images=None) -> LogprobComparison:
         with self.engine.actor_params_on_device():
-            return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id)
+            return compare_logprobs(self.actor, self.rollout, prompts, responses, pad_id, images)
 
     # --- checkpoints -------------------------------------------------------------------------------------------------
     def checkpoint_extras(self) -> dict:

@@ -10,7 +10,7 @@ from rlcore.data import Batch
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory
 from rlcore.weight_sync.hybrid import SyncStats
-from rlcore.weight_sync.logprob_check import LogprobComparison
+from rlcore.weight_sync.logprob_check import LogprobComparison, ProbeImages
 from rlcore.workers.colocated import ActorRolloutWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.group import WorkerGroup, shares
@@ -93,10 +93,10 @@ class ColocatedGroup(ActorGroup):
         by_replica = {c.rollout_replica: r for c, r in zip(self.coords, results) if c.leads_replica}
         return [g for i in range(self.replicas) for g in by_replica[i]]
 
-    def compare_logprobs(self, prompts: list[list[int]], responses: list[list[int]],
-                         pad_id: int) -> list[LogprobComparison]:
-        """Each rank's engine-vs-actor comparison on the same sequences."""
-        return self.call(ActorRolloutWorker.compare_logprobs, prompts, responses, pad_id)
+    def compare_logprobs(self, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                         images: list[ProbeImages] | None = None) -> list[LogprobComparison]:
+        """Each rank's engine-vs-actor comparison on the same sequences (with their images, if given)."""
+        return self.call(ActorRolloutWorker.compare_logprobs, prompts, responses, pad_id, images)
 
 
 class OffloadingGroup(TrainGroup):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from rlcore.config import Config
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory, episode_samples
+from rlcore.weight_sync.logprob_check import Probe, score
 from rlcore.workers.group import WORKER_ENV, death_cause, shares, start_ray
 
 if TYPE_CHECKING:
@@ -104,10 +105,9 @@ class RolloutWorker:
         self.receiver = WeightPushReceiver(address, rank, receivers, int(cfg.sync_bucket_mb * (1 << 20)),
                                            cfg.sync_transport)     # connects at the first receive
 
-    async def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None = None
-                              ) -> dict:
+    async def receive_weights(self, probe: Probe | None = None) -> dict:
         """Pause the engine (``rollout.partial``: abort what is in flight, to resume it after; else let it finish),
-        load the pushed weights, score ``probe`` (sequences, start) with them if given, resume."""
+        load the pushed weights, score ``probe`` (sequences, start, images) with them if given, resume."""
         assert self.receiver is not None, "open_push first"
         paused = time.perf_counter()
         await self.engine.pause()
@@ -119,7 +119,7 @@ class RolloutWorker:
         return {"version": version, "scores": scores, "drain_seconds": drained,
                 "pause_seconds": time.perf_counter() - paused}
 
-    def _load(self, probe: tuple[list[list[int]], list[int]] | None) -> tuple[int, list[list[float]] | None]:
+    def _load(self, probe: Probe | None) -> tuple[int, list[list[float]] | None]:
         assert self.receiver is not None, "open_push first"
         try:
             version, stream = self.receiver.receive()
@@ -133,7 +133,7 @@ class RolloutWorker:
             self.receiver.close()   # would otherwise wait out its timeout for the rest of the collectives
             self.receiver = None
             raise
-        return version, self.engine.score(*probe) if probe is not None else None
+        return version, score(self.engine, *probe) if probe is not None else None
 
     async def stats(self) -> dict:
         """The engine's counters since the last call (idle time, resumed requests) and the seconds they span."""
@@ -181,7 +181,7 @@ class RolloutWorkers:
         """Every worker opens its receiving end of the push channel at ``address`` (the trainer's rank 0 is rank 0)."""
         return self._each(RolloutWorker.open_push, [(address, i + 1, self.world) for i in range(self.world)])
 
-    def receive_weights(self, probe: tuple[list[list[int]], list[int]] | None) -> list:
+    def receive_weights(self, probe: Probe | None) -> list:
         return self._each(RolloutWorker.receive_weights, [(probe,)] * self.world)
 
     def stats(self) -> list:

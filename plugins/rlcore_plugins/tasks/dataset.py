@@ -1,8 +1,9 @@
 """The `dataset` task: prompts from files (verl's Parquet schema as is, or JSONL / JSON / Parquet through a column
 mapping), rendered with the checkpoint's chat template once the tokenizer is known, overlong prompts counted and left
 out. Each sample's metadata holds ``answer`` (the ground truth), ``data_source`` and ``extra_info`` for the reward;
-``messages`` the prompt as chat messages (for the tools agent, which renders them with its tools); unless a reward is
-configured, each row is scored by the reward registered for its ``data_source``."""
+``messages`` the prompt as chat messages (for the tools agent, which renders them with its tools); ``images`` the row's
+images (``image_key``, verl's ``images`` column), one per ``<image>`` tag of its prompt; unless a reward is configured,
+each row is scored by the reward registered for its ``data_source``."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,7 @@ from typing import List
 from rlcore.datasets import Columns, EpochSampler, PromptRenderer, RenderedPrompt, read_prompt_files
 from rlcore.datasets import render_and_filter
 from rlcore.errors import ConfigError
+from rlcore.multimodal import IMAGES
 from rlcore.specs import Task, TaskSpec
 
 
@@ -24,6 +26,7 @@ class DatasetOptions:
     answer_key: str = "reward_model.ground_truth"
     source_key: str = "data_source"              # rows without it get default_source
     extra_key: str = "extra_info"
+    image_key: str = "images"                    # a list of images per row (vision-language models), if present
     default_source: str = ""
     max_prompt_len: int = 512                    # longer rendered prompts are left out and counted
     chat_template: bool = True                   # false: prompts are plain text (base models)
@@ -33,7 +36,8 @@ class DatasetOptions:
 
 class Dataset(Task):
     def __init__(self, options: DatasetOptions, seed: int):
-        columns = Columns(options.prompt_key, options.answer_key, options.source_key, options.extra_key)
+        columns = Columns(options.prompt_key, options.answer_key, options.source_key, options.extra_key,
+                          options.image_key)
         self.options = options
         self.train_records = read_prompt_files(options.train_files, columns, options.default_source)
         self.val_records = read_prompt_files(options.val_files, columns, options.default_source) \
@@ -74,7 +78,8 @@ class Dataset(Task):
     def _example(prompt: RenderedPrompt) -> tuple[str, dict]:
         r = prompt.record
         messages = [{"role": "user", "content": r.prompt}] if isinstance(r.prompt, str) else list(r.prompt)
-        return prompt.text, {"answer": r.answer, "data_source": r.source, "extra_info": r.extra, "messages": messages}
+        meta = {"answer": r.answer, "data_source": r.source, "extra_info": r.extra, "messages": messages}
+        return prompt.text, {**meta, IMAGES: r.images} if r.images else meta
 
     def train_prompts(self, step, count):
         if self.sampler is None:

@@ -74,6 +74,19 @@ def image_token_id(hf: dict) -> int:
     return int(hf["image_token_id"])
 
 
+def image_tokens(grid_thw, hf: dict) -> list[int]:
+    """<|vision_start|>, one <|image_pad|> per merged patch, <|vision_end|>."""
+    t, h, w = (int(x) for x in grid_thw)
+    count = t * h * w // hf["vision_config"]["spatial_merge_size"] ** 2
+    return [hf["vision_start_token_id"], *[hf["image_token_id"]] * count, hf["vision_end_token_id"]]
+
+
+def reserved_token_ids(hf: dict) -> tuple[int, ...]:
+    """The image and video placeholders and the vision markers: a sampled one breaks the next forward's images."""
+    return tuple(hf[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+                 if hf.get(k) is not None)
+
+
 def mrope_positions(ids: torch.Tensor, grid_thw: torch.Tensor, hf: dict) -> torch.Tensor:
     """[3, len(ids)] rotary positions of one sequence holding the images of ``grid_thw`` in order."""
     merge = hf["vision_config"]["spatial_merge_size"]
@@ -127,7 +140,7 @@ def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads
 
 
 VISION = VisionSpec(encoder=vision_tower, hf_prefix="visual.", image_token_id=image_token_id,
-                    positions=mrope_positions)
+                    positions=mrope_positions, image_tokens=image_tokens, reserved_token_ids=reserved_token_ids)
 QWEN2_VL = ModelSpec(name="qwen2_vl", hf_architectures=("Qwen2VLForConditionalGeneration",
                                                         "Qwen2_5_VLForConditionalGeneration"),
                      transformer_config=transformer_config, layer_spec=layer_spec, gpt_kwargs=gpt_kwargs,

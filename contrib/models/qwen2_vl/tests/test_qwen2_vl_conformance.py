@@ -136,7 +136,7 @@ def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, p
     from rlcore.data import Batch
     from rlcore.megatron.actor import MegatronActor
     from rlcore.megatron.model import read_hf_weights
-    from rlcore.multimodal import IMAGES
+    from rlcore.multimodal import IMAGE_INPUTS
     from rlcore_plugins.optimizers import SPECS
 
     hf = QWEN2_VL.tiny_hf_config(vocab_size=64, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
@@ -148,7 +148,7 @@ def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, p
     mask = torch.zeros_like(ids, dtype=torch.float)
     mask[:, -8:-4] = 1.0
     batch = Batch({"input_ids": ids, "response_mask": mask, "prompt_len": lengths - 4,
-                   "response_len": torch.full((3,), 4)}, [{IMAGES: i} for i in images])
+                   "response_len": torch.full((3,), 4)}, [{IMAGE_INPUTS: i} for i in images])
     cfg = ActorConfig(micro_batch_size=2, pack_sequences=pack, max_tokens_per_micro_batch=256 if pack else 0)
     actor = MegatronActor(QWEN2_VL, hf_config, cfg, SPECS[0], hf_state=read_hf_weights(str(tmp_path)))
     theirs = torch.log_softmax(transformers_logits(hf_model, hf_config, ids, images), -1)

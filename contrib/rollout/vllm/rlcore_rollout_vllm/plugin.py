@@ -12,4 +12,4 @@ def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_w
 
 @hookimpl
 def rlcore_rollout_backends():
-    return [RolloutBackendSpec("vllm", _make, lora_adapters=True)]
+    return [RolloutBackendSpec("vllm", _make, lora_adapters=True, images=True)]
