@@ -86,9 +86,10 @@ def cmd_run(args) -> int:
 
 def dry_run(cfg, plugins) -> int:
     from rlcore.config import bind_plugin_section
+    from rlcore.dry_run import dry_run as check
     from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
     from rlcore.run import check_agent
-    from rlcore.sizing import dry_run as check, read_model_config
+    from rlcore.sizing import read_model_config
 
     reg = plugins.registry
     algorithm = reg.get("algorithms", cfg.algorithm["name"])

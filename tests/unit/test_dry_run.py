@@ -7,18 +7,19 @@ import pytest
 from rlcore.config import load_config
 from rlcore.config.loader import preset_names
 from rlcore.plugins import load_plugins
-from rlcore.sizing import dry_run
+from rlcore.dry_run import dry_run
 
 from runs import run_cli
 
 LARGE = [p for p in preset_names() if p.endswith("gpu")]
 PUBLISHED_BILLIONS = {"deepseek-v3": 671, "qwen3-235b-a22b": 235, "qwen3-30b-a3b": 30.5, "moonlight-16b-a3b": 16,
-                      "qwen3-8b": 8.2, "qwen2.5-7b": 7.61, "qwen2-7b": 7.62, "llama-3.1-8b": 8.03}
+                      "qwen3-8b": 8.2, "qwen2.5-vl-7b": 8.29, "qwen2.5-vl-72b": 73.4, "qwen2.5-7b": 7.61,
+                      "qwen2-7b": 7.62, "llama-3.1-8b": 8.03}
 
 
 @pytest.fixture(scope="module")
 def registry():
-    return load_plugins(["qwen3", "deepseek", "qwen2", "llama"]).registry
+    return load_plugins(["qwen3", "deepseek", "qwen2", "qwen2_vl", "llama"]).registry
 
 
 def check(registry, preset, *overrides):
@@ -27,9 +28,9 @@ def check(registry, preset, *overrides):
 
 
 def test_there_are_presets_for_every_published_recipe():
-    assert len(LARGE) == 16 and {p.rsplit("-", 1)[0] for p in LARGE} == {
+    assert len(LARGE) == 18 and {p.rsplit("-", 1)[0] for p in LARGE} == {
         "deepseek-v3-671b", "qwen3-235b-a22b", "qwen3-30b-a3b", "moonlight-16b-a3b", "qwen3-8b-gsm8k",
-        "qwen2.5-7b-gsm8k", "qwen2-7b", "llama-3.1-8b"}
+        "qwen2.5-7b-gsm8k", "qwen2-7b", "llama-3.1-8b", "qwen2.5-vl-7b-geo3k", "qwen2.5-vl-72b-geo3k"}
 
 
 @pytest.mark.parametrize("preset", LARGE)

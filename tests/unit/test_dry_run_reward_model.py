@@ -12,7 +12,8 @@ from rlcore.config import load_config
 from rlcore.config.schema import Config, ParallelConfig, RewardModelConfig, TrainerConfig
 from rlcore.errors import ConfigError
 from rlcore.plugins import load_plugins
-from rlcore.sizing import GIB, dry_run
+from rlcore.dry_run import dry_run
+from rlcore.sizing import GIB
 
 from runs import run_cli
 
@@ -57,7 +58,7 @@ def test_the_671b_preset_with_a_70b_reward_model_validates(registry, capsys):
 def test_the_reward_model_is_counted_in_its_own_layout(registry):
     from rlcore.megatron.model import transformer_config
     from rlcore.megatron.reward_model import family_of
-    from rlcore.sizing import read_reward_model_config, reward_model_estimate
+    from rlcore.reward_model_sizing import read_reward_model_config, reward_model_estimate
 
     def estimate(*overrides):
         cfg = load_config(PRESET, [*WITH_RM, *overrides])
@@ -144,7 +145,7 @@ def test_the_estimate_is_what_a_built_reward_model_holds(dtype):
     from rlcore.hf_config import with_transformers_defaults
     from rlcore.megatron.model import transformer_config
     from rlcore.megatron.reward_model import MegatronRewardModel, family_of
-    from rlcore.sizing import reward_model_estimate
+    from rlcore.reward_model_sizing import reward_model_estimate
     from rlcore_testing.models import published_config
 
     hf = with_transformers_defaults(published_config(
@@ -187,7 +188,7 @@ def test_a_checkpoint_directory_is_read_and_checked_as_the_run_checks_it(registr
 
 
 def test_a_generative_judge_is_not_planned_as_a_megatron_model():
-    from rlcore.sizing import read_reward_model_config
+    from rlcore.reward_model_sizing import read_reward_model_config
 
     judge = load_config(PRESET, [f"reward_model.hf_config={RM}"])
     judge.reward_model.kind = "generative"          # it runs on an engine of its own, not on Megatron workers

@@ -5,7 +5,7 @@ import pytest
 from rlcore.config import load_config
 from rlcore.errors import ConfigError
 from rlcore.plugins import load_plugins
-from rlcore.sizing import dry_run
+from rlcore.dry_run import dry_run
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -163,6 +163,20 @@ def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[
             params[name].copy_(value)
     if isinstance(hf_state, HFCheckpoint):
         _log_load(hf_state, converter, model.config.num_layers, rank)
+        _check_tower_read(model, hf_state, converter)
+
+
+def _check_tower_read(model, checkpoint: HFCheckpoint, converter: WeightConverter) -> None:
+    """A vision-language checkpoint's tower weights are all read, or the load fails: one left out would leave its
+    parameter as initialised (a silently random vision tower after a rename, as peers shipped)."""
+    vision = getattr(model, "vision_spec", None)
+    if vision is None:
+        return
+    _, other = unused_names(checkpoint, set(converter.hf_names()), model.config.num_layers)
+    unread = [name for name in other if name.startswith(vision.hf_prefix)]
+    if unread:
+        raise ValueError(f"{checkpoint.path}: {len(unread)} vision tower tensor(s) no weight rule reads, e.g. "
+                         f"{', '.join(unread[:3])}: the checkpoint's tower is not the one its config.json builds")
 
 
 def _log_load(checkpoint: HFCheckpoint, converter: WeightConverter, num_layers: int, rank: int) -> None:

@@ -29,6 +29,12 @@ def tower_parameter_names(vision: VisionSpec, hf_config: dict) -> list[str]:
         return [name for name, _ in vision.encoder(hf_config).named_parameters()]
 
 
+def tower_parameters(vision: VisionSpec, hf_config: dict) -> int:
+    """How many parameters the tower holds (counted on the meta device)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in vision.encoder(hf_config).parameters())
+
+
 class VisionLanguageGPT(GPTModel):
     """GPTModel whose forward also takes ``images``: one ``ImageInputs`` (or None) per row of ``input_ids``, or per
     sequence of a packed row, in order."""

@@ -12,7 +12,7 @@ import pytest
 from rlcore.config import load_config
 from rlcore.errors import ConfigError
 from rlcore.plugins import load_plugins
-from rlcore.sizing import dry_run
+from rlcore.dry_run import dry_run
 from rlcore_verl import doc
 from rlcore_verl.command import run_overrides, translate_script
 from rlcore_verl.keys import IGNORED, REFUSED, TABLE, TRANSLATED, lookup

@@ -160,3 +160,48 @@ def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, p
     actor.train_step(batch, lambda lp, mb: (-(lp * mb["response_mask"]).sum() / 12, {}))
     moved = [n for n, p in actor.model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert len(moved) == len(before), sorted(set(before) - set(moved))[:5]
+
+
+def test_a_tower_tensor_no_rule_reads_fails_the_load(tmp_path):
+    """A checkpoint whose tower holds a tensor the config's tower lacks (a renamed or deeper tower) is refused,
+    rather than trained with that weight left out."""
+    import json
+
+    from safetensors.torch import save_file
+
+    hf = QWEN2_VL.tiny_hf_config(vocab_size=64, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
+                                 head_dim=32, ffn_hidden_size=128, max_position_embeddings=256)
+    write_checkpoint(hf, str(tmp_path))
+    save_file({"visual.blocks.2.norm1.weight": torch.ones(64)}, str(tmp_path / "extra.safetensors"))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["visual.blocks.2.norm1.weight"] = "extra.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    init_parallel(seed=0)
+    with pytest.raises(ValueError, match=r"1 vision tower tensor\(s\) no weight rule reads, e.g. "
+                                         r"visual.blocks.2.norm1.weight"):
+        build_megatron(QWEN2_VL, str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen2.5-vl-72b"])
+def test_dry_run_counts_the_published_models_parameters(name):
+    """--dry-run's count (language model and vision tower, the tower whole on each TP rank of the first stage)
+    against transformers' model of the published config, built on the meta device."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from rlcore.config import load_config
+    from rlcore.megatron.model import transformer_config
+    from rlcore.megatron.vision import tower_parameters
+    from rlcore.sizing import estimate, read_model_config
+
+    cfg = load_config("quickstart", ["model.family=qwen2_vl", f"model.hf_config={name}", "trainer.world_size=8",
+                                     "actor.parallel.tp=4"])
+    hf = read_model_config(cfg)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(AutoConfig.for_model(**published_config(name)))
+    theirs = sum(p.numel() for p in model.parameters())
+    tower = tower_parameters(QWEN2_VL.vision, hf)
+    assert tower == sum(p.numel() for p in model.model.visual.parameters())
+    counted = estimate(transformer_config(QWEN2_VL, hf), hf, cfg, tower=tower)
+    assert abs(counted["total_params"] - theirs) / theirs < 1e-3, (counted["total_params"], theirs)
+    language = estimate(transformer_config(QWEN2_VL, hf), hf, cfg)["per_device"]["params"]
+    assert counted["per_device"]["params"] - language == tower * 4       # fp32: the whole tower on the TP rank

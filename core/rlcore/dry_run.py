@@ -1,0 +1,79 @@
+"""`rlcore run --dry-run`: the report of a layout checked against the model (and a reward model) and its memory per
+device and per node (``rlcore.sizing``, ``rlcore.reward_model_sizing``), without any device."""
+from __future__ import annotations
+
+from rlcore.config.schema import Config
+from rlcore.errors import ConfigError
+from rlcore.megatron.vision import tower_parameters
+from rlcore.reward_model_sizing import (read_reward_model_config, reward_model_estimate, reward_model_lines,
+                                        reward_model_spec)
+from rlcore.sizing import GIB, estimate, layout_problems, read_model_config
+
+
+def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = None) -> tuple[list[str], str]:
+    """(problems, report). No problems = the layout fits this model (model state only; see the module docstring).
+    ``reference``: the algorithm keeps a frozen reference policy (``estimate``). ``models``: the registry's model
+    families, among which a reward model's (reward_model.path / hf_config) is found; it is checked and counted too."""
+    from rlcore.megatron.model import check_model_config, transformer_config
+
+    hf, p = read_model_config(cfg), cfg.actor.parallel
+    try:        # the family handles this architecture and maps every key, as the run would check
+        check_model_config(spec, hf, cfg.actor.dtype)
+    except ValueError as e:
+        raise ConfigError(f"model config {cfg.model.path or cfg.model.hf_config!r}: {e}") from e
+    problems = layout_problems(cfg, spec, hf)
+    rm_hf = read_reward_model_config(cfg) if models is not None else None
+    if models is not None and rm_hf is not None:
+        rm_spec = reward_model_spec(cfg, models, rm_hf)
+        problems += layout_problems(cfg, rm_spec, rm_hf, "reward_model")
+    if problems:
+        return problems, ""
+    config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
+    tower = tower_parameters(spec.vision, hf) if spec.vision is not None else 0
+    m = estimate(config, hf, cfg, reference, tower)
+    d = m["per_device"]
+    lines = [
+        f"model      {spec.name}: {m['total_params'] / 1e9:.1f}B parameters, {config.num_layers} layers"
+        + (f", {config.num_moe_experts} experts" if config.num_moe_experts else ""),
+        *([f"vision     {tower / 1e9:.2f}B parameters of its vision tower on the first pipeline stage, whole on "
+           f"each of its {p.tp} TP rank(s) (in the totals)"] if tower else []),
+        f"layout     world {cfg.trainer.world_size} = tp {p.tp} x pp {p.pp} x cp {p.cp} x dp {m['dp']}; "
+        f"ep {p.ep} (expert dp {m['expert_dp']}); "
+        + (f"last stage {p.last_stage_layers} layers" if p.last_stage_layers else "layers split evenly"),
+        f"per device params {d['params'] / GIB:.1f} GiB + grads {d['grads'] / GIB:.1f} GiB + optimizer "
+        f"{d['optimizer'] / GIB:.1f} GiB"
+        + (f" + reference {d['reference'] / GIB:.1f} GiB" if "reference" in d else "")
+        + f" = {sum(d.values()) / GIB:.1f} GiB (busiest stage; activations, rollout weights and KV cache not "
+        f"included)",
+    ]
+    if cfg.actor.lora.rank:
+        lora = cfg.actor.lora
+        lines.append(f"lora       rank {lora.rank} on {', '.join(lora.target_modules)}: "
+                     f"{m['adapters_per_device'] / 1e6:.1f}M adapter parameters per device, the only ones with "
+                     f"gradients and optimizer state (the base frozen); the reference policy is the model with "
+                     f"its adapters off (no copy)")
+    if reference and not cfg.actor.lora.rank:
+        lines.append(f"reference  {m['reference'] / GIB:.1f} GiB per device, the frozen policy of the KL term: "
+                     + ("on the host between its passes (in CPU/node below)" if m["reference_on_host"] else
+                        "kept on the device (in the total above)")
+                     + f"; actor.offload.reference={cfg.actor.offload.reference_on_host()}")
+    lines += [
+        f"CPU/node   {m['cpu_per_node_training'] / GIB:.0f} GiB while training (optimizer offload fraction "
+        f"{cfg.actor.optim.offload_fraction:g}), {m['cpu_per_node_rollout'] / GIB:.0f} GiB while the rollout "
+        f"runs (actor.offload: params={cfg.actor.offload.params}, grads={cfg.actor.offload.grads}, "
+        f"optimizer={cfg.actor.offload.optimizer}); {min(cfg.trainer.devices_per_node, cfg.trainer.world_size)} "
+        f"devices per node",
+    ]
+    if cfg.trainer.mode == "async":
+        r = cfg.rollout
+        lines.append(f"rollout    async: {r.world_size // r.tp} rollout worker(s) of their own, one engine each at "
+                     f"tp {r.tp} ({m['total_params'] * 2 / GIB / r.tp:.1f} GiB of weights in 16-bit per process) "
+                     f"and its KV cache; max_staleness "
+                     f"{r.max_staleness}, partial {r.partial}, weights pushed every {r.sync_every} step(s) from the "
+                     f"trainer's rank 0 in buckets of {r.sync_bucket_mb:g} MB; old policy: "
+                     f"actor.old_logprobs={cfg.actor.old_logprobs}")
+    if rm_hf is not None:
+        rm_config = transformer_config(rm_spec, rm_hf, cfg.reward_model.dtype)
+        lines += reward_model_lines(cfg, rm_spec, rm_config, reward_model_estimate(rm_config, rm_hf, cfg),
+                                     sum(d.values()))
+    return [], "\n".join(lines)
