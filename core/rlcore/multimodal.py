@@ -95,3 +95,15 @@ class ImagePrompts:
 
     def _text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def transformers_inputs(self, input_ids: torch.Tensor, images: Sequence[ImageInputs | None]) -> dict:
+        """What transformers' model of the family takes besides ``input_ids`` for rows holding ``images`` (one entry
+        per row): the pixels, the grids and ``mm_token_type_ids`` (1 at image placeholders), without which it builds
+        wrong rotary positions."""
+        present = concatenated(list(images))
+        if present is None:
+            return {}
+        image_token = self.vision.image_token_id(self.hf_config)
+        return {"pixel_values": present.pixel_values, "image_grid_thw": present.grid_thw,
+                "mm_token_type_ids": (input_ids == image_token).int()}
+

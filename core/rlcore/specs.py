@@ -27,6 +27,9 @@ class VisionSpec:
     image_tokens(grid_thw [3], hf_config) -> the tokens one image of this patch grid stands as in a prompt (its
         placeholders, as many as its embeddings, and whatever marks them: Qwen's vision start and end)
     reserved_token_ids(hf_config) -> tokens the policy must never sample (placeholders, vision markers)
+    tiny_files(directory, tokenizer) -> vocabulary size: for a built-in tiny model, adds the family's vision tokens
+        to the task's tokenizer (as the last ids, where ``ModelSpec.tiny_hf_config`` puts them) and writes the
+        tokenizer and the family's image processor into ``directory``
     """
     encoder: Callable[[dict], torch.nn.Module]
     hf_prefix: str
@@ -34,6 +37,7 @@ class VisionSpec:
     positions: Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
     image_tokens: Callable[[Sequence[int], dict], list[int]]
     reserved_token_ids: Callable[[dict], tuple[int, ...]]
+    tiny_files: Callable[[str, Any], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -316,8 +320,9 @@ class Task(abc.ABC):
         ``rollout.max_response_len`` against the model's context before any worker starts."""
         return None
 
-    def supervised_examples(self, step: int, count: int) -> list[tuple[str, str]]:
-        """(prompt, completion) pairs for a supervised warm start; tasks without them raise."""
+    def supervised_examples(self, step: int, count: int) -> list[tuple[str, str]] | list[tuple[str, str, dict]]:
+        """(prompt, completion) pairs for a supervised warm start, or (prompt, completion, metadata) triples whose
+        metadata holds the prompt's images (``rlcore.multimodal.IMAGES``); tasks without them raise."""
         raise NotImplementedError(f"task {type(self).__name__} has no supervised examples for a warm start")
 
     def preference_pairs(self, count: int, held_out: bool) -> list[tuple[str, str, str]]:

@@ -26,6 +26,7 @@ from rlcore.config.schema import Config, WarmStartConfig
 from rlcore.data import Batch, build_sequences
 from rlcore.errors import RlcoreError
 from rlcore.hf_config import with_transformers_defaults
+from rlcore.multimodal import IMAGES, ImageInputs, ImagePrompts
 from rlcore.rewards import Scores
 from rlcore.specs import ModelSpec, Task
 from rlcore.evaluation import eval_metrics
@@ -59,9 +60,14 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
     tmp = f"{target}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
 
     vocab = task.write_tokenizer(tmp)
+    if spec.vision is not None:         # the family's vision tokens join the task's, and its image processor
+        if spec.vision.tiny_files is None:
+            raise RlcoreError(f"model family {spec.name!r} cannot build a tiny vision-language model; set model.path")
+        vocab = spec.vision.tiny_files(tmp, AutoTokenizer.from_pretrained(tmp))
     hf_config = spec.tiny_hf_config(vocab_size=vocab, **dataclasses.asdict(cfg.model.tiny))
     if check is not None:
         try:
@@ -71,14 +77,17 @@ def prepare_model(cfg: Config, spec: ModelSpec, task: Task, score: Score,
             raise
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
+    auto = transformers.AutoModelForImageTextToText if spec.vision else transformers.AutoModelForCausalLM
     with torch.random.fork_rng():         # the run's seed fixes the initial weights, the driver's RNG is untouched
         torch.manual_seed(cfg.run.seed)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp), dtype=torch.float32)
+        model = auto.from_config(AutoConfig.from_pretrained(tmp), dtype=torch.float32)
     log.info("no cached starting checkpoint: building the tiny model and warm-starting it for up to %d steps "
              "(cached in %s for later runs)", cfg.warm_start.steps, target)
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(tmp)
-    trained = WarmStart(model, tokenizer, task, score, cfg.warm_start, cfg.rollout.max_response_len).run(
+    images = None if spec.vision is None else ImagePrompts(tmp, spec.vision, with_transformers_defaults(hf_config),
+                                                           tokenizer, cfg.rollout.limit_images)
+    trained = WarmStart(model, tokenizer, task, score, cfg.warm_start, cfg.rollout.max_response_len, images).run(
         progress=cfg.run.progress)
     # in HF's sharded layout (files of 1 MB, with an index), as large published checkpoints come: every run of the
     # tiny model then loads a multi-file checkpoint into the actor, the critic and the rollout engine
@@ -132,9 +141,10 @@ class WarmStart:
     over ``settings.steps``; with a target accuracy, greedy held-out evaluations decide when it stops."""
 
     def __init__(self, model, tokenizer, task: Task, score: Score, settings: WarmStartConfig,
-                 max_response_len: int):
+                 max_response_len: int, images: ImagePrompts | None = None):
+        """``images``: a vision-language model's prompts, encoded with their images (None: text only)."""
         self.model, self.tokenizer, self.task, self.score = model, tokenizer, task, score
-        self.settings, self.max_response_len = settings, max_response_len
+        self.settings, self.max_response_len, self.images = settings, max_response_len, images
         self.eos = tokenizer.eos_token_id
         self._encoded: dict[str, list[int]] = {}
 
@@ -182,12 +192,25 @@ class WarmStart:
                               f"{s.target_accuracy}: raise warm_start.steps or lower the target")
         return result
 
-    def loss(self, examples: list[tuple[str, str]]) -> torch.Tensor:
+    def prompt(self, text: str, metadata: dict) -> tuple[list[int], ImageInputs | None]:
+        """A prompt's tokens, and its images' pixels when it holds any."""
+        if self.images is None or not metadata.get(IMAGES):
+            return self.encode(text), None
+        tokens, _, pixels = self.images.encode(text, metadata[IMAGES], f"warm start prompt {text[:40]!r}")
+        return tokens, pixels
+
+    def forward(self, tokens: torch.Tensor, images: list[ImageInputs | None]) -> torch.Tensor:
+        """The model's logits; rows holding images get them."""
+        more = self.images.transformers_inputs(tokens, images) if self.images is not None else {}
+        return self.model(input_ids=tokens, **more).logits
+
+    def loss(self, examples: list[tuple[str, str]] | list[tuple[str, str, dict]]) -> torch.Tensor:
         """Mean negative log-likelihood of the completions' tokens (EOS included) given their prompts."""
-        batch = Batch(build_sequences([self.encode(p) for p, _ in examples],
-                                      [self.encode(c) + [self.eos] for _, c in examples], pad_id=self.eos))
+        prompts = [self.prompt(e[0], e[2] if len(e) > 2 else {}) for e in examples]
+        batch = Batch(build_sequences([tokens for tokens, _ in prompts],
+                                      [self.encode(e[1]) + [self.eos] for e in examples], pad_id=self.eos))
         tokens = batch["input_ids"]                 # right-padded: causal attention never sees the padding
-        logits = self.model(input_ids=tokens).logits[:, :-1]
+        logits = self.forward(tokens, [pixels for _, pixels in prompts])[:, :-1]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
         mask = batch["response_mask"][:, :-1]       # label-aligned: position t scores token t + 1
         return (nll * mask).sum() / mask.sum()
@@ -199,17 +222,34 @@ class WarmStart:
         self.model.eval()
         prompts = self.task.eval_prompts()
         by_length: dict[int, list[int]] = {}
-        encoded = [self.encode(p) for p, _ in prompts]
-        for i, prompt in enumerate(encoded):
+        encoded = [self.prompt(p, m) for p, m in prompts]
+        for i, (prompt, _) in enumerate(encoded):
             by_length.setdefault(len(prompt), []).append(i)
         texts = [""] * len(prompts)
         for length, rows in by_length.items():
-            same_length = torch.tensor([encoded[i] for i in rows])
-            out = self.model.generate(same_length, attention_mask=torch.ones_like(same_length), do_sample=False,
-                                      max_new_tokens=self.max_response_len, eos_token_id=self.eos,
-                                      pad_token_id=self.eos)
+            same_length = torch.tensor([encoded[i][0] for i in rows])
+            if self.images is None:
+                out = self.model.generate(same_length, attention_mask=torch.ones_like(same_length), do_sample=False,
+                                          max_new_tokens=self.max_response_len, eos_token_id=self.eos,
+                                          pad_token_id=self.eos)
+            else:
+                out = self.greedy(same_length, [encoded[i][1] for i in rows])
             for i, response in zip(rows, out[:, length:].tolist()):
+                if self.eos in response:
+                    response = response[: response.index(self.eos) + 1]
                 texts[i] = self.tokenizer.decode(response, skip_special_tokens=True)
         self.model.train()
         scores = self.score(texts, [m for _, m in prompts])
         return eval_metrics(scores.total.view(-1, 1), [m.get("data_source", "") for _, m in prompts])["eval/accuracy"]
+
+    def greedy(self, prompts: torch.Tensor, images: list[ImageInputs | None]) -> torch.Tensor:
+        """Greedy continuations of same-length prompts with images, a whole forward per token (transformers'
+        generate would need the image token types extended as it goes); rows past their EOS keep going unread."""
+        tokens = prompts
+        for _ in range(self.max_response_len):
+            logits = self.forward(tokens, images)[:, -1]
+            if self.images is not None:
+                logits[:, list(self.images.reserved)] = float("-inf")   # as the engine: placeholders never sampled
+            tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], dim=1)
+        return tokens
+

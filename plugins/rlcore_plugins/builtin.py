@@ -2,7 +2,7 @@
 from rlcore.hookspecs import hookimpl
 from rlcore.rollout.agents import SINGLE_TURN
 from rlcore_plugins import loggers, optimizers, rewards, trackers
-from rlcore_plugins.tasks import arithmetic, dataset
+from rlcore_plugins.tasks import arithmetic, dataset, shapes
 
 
 @hookimpl
@@ -17,7 +17,7 @@ def rlcore_agents():
 
 @hookimpl
 def rlcore_tasks():
-    return [arithmetic.ADDITION, dataset.DATASET]
+    return [arithmetic.ADDITION, dataset.DATASET, shapes.SHAPES]
 
 
 @hookimpl

@@ -58,6 +58,32 @@ def math(responses: list[str], metadata: list[dict]) -> list[float]:
     return scores
 
 
+# verl's geo3k format: reasoning in <think> </think>, then the answer boxed (verl/utils/reward_score/geo3k.py)
+_GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+
+def geo3k(responses: list[str], metadata: list[dict]) -> dict[str, list[float]]:
+    """verl's geometry3k score: 0.9 x accuracy + 0.1 x format. Accuracy: the last ``\boxed{...}`` equals
+    ``metadata['answer']`` (math-verify's symbolic comparison, where verl uses mathruler's ``grade_answer``); format:
+    the response is ``<think>...</think>`` then a boxed answer."""
+    accuracy = math([_last_boxed(r) for r in responses], metadata)
+    form = [float(_GEO3K_FORMAT.fullmatch(r) is not None) for r in responses]
+    return {"accuracy": [0.9 * a for a in accuracy], "format": [0.1 * f for f in form]}
+
+
+def _last_boxed(text: str) -> str:
+    """The last ``\boxed{...}`` of ``text`` (braces balanced), or "" when there is none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return ""
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[start: j + 1]
+    return ""
+
+
 def environment(responses: list[str], metadata: list[dict]) -> list[float] | dict[str, list[float]]:
     """What the episode's environment said when it ended (its ``reward()``, kept by the tools agent): a number, or
     named components that add up to it (each logged)."""
@@ -75,4 +101,5 @@ SPECS = [RewardSpec("exact_match", exact_match, data_sources=("rlcore/addition",
          RewardSpec("gsm8k", gsm8k, data_sources=("openai/gsm8k",)),
          RewardSpec("math", math, data_sources=("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                                                 "HuggingFaceH4/MATH-500")),
+         RewardSpec("geo3k", geo3k, data_sources=("hiyouga/geometry3k",)),
          RewardSpec("final_answer", final_answer), RewardSpec("environment", environment)]

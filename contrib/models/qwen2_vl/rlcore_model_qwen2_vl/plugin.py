@@ -113,6 +113,25 @@ def mrope_positions(ids: torch.Tensor, grid_thw: torch.Tensor, hf: dict) -> torc
     return positions
 
 
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")   # tiny_hf_config's order
+
+
+def tiny_files(directory: str, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112) -> int:
+    """The task's tokenizer with Qwen's vision tokens as its last four ids, and the processor (transformers' Qwen2-VL
+    image processor: images of 56 x 56 to 112 x 112 pixels kept whole, 4 to 16 image tokens each)."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    first = len(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    if [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS] != list(range(first, first + 4)):
+        raise ConfigError(f"the task's tokenizer already holds Qwen's vision tokens {VISION_TOKENS} elsewhere: "
+                          f"tiny Qwen2.5-VL models need them as its last four ids")
+    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels),
+                        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor()).save_pretrained(directory)
+    return len(tokenizer)
+
+
 def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
                    head_dim: int, ffn_hidden_size: int, max_position_embeddings: int, eos_token_id: int = 0) -> dict:
     """A tiny Qwen2.5-VL: the vision placeholders are the last four ids of the vocabulary (image pad, video pad,
@@ -140,7 +159,8 @@ def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads
 
 
 VISION = VisionSpec(encoder=vision_tower, hf_prefix="visual.", image_token_id=image_token_id,
-                    positions=mrope_positions, image_tokens=image_tokens, reserved_token_ids=reserved_token_ids)
+                    positions=mrope_positions, image_tokens=image_tokens, reserved_token_ids=reserved_token_ids,
+                    tiny_files=tiny_files)
 QWEN2_VL = ModelSpec(name="qwen2_vl", hf_architectures=("Qwen2VLForConditionalGeneration",
                                                         "Qwen2_5_VLForConditionalGeneration"),
                      transformer_config=transformer_config, layer_spec=layer_spec, gpt_kwargs=gpt_kwargs,

@@ -121,3 +121,79 @@ def test_images_for_a_text_only_model_are_refused(model_dir):
     source.images = None
     with pytest.raises(RlcoreError, match=r"holds 1 image\(s\) but model.family 'qwen2_vl'|text-only model"):
         source.encode_prompt("<image>", {IMAGES: random_images([(56, 56)])})
+
+
+GEO3K_INSTRUCTION = (r"You FIRST think about the reasoning process as an internal monologue and then provide the final "
+                     r"answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
+                     r"MUST BE put in \boxed{}.")
+
+
+def geo3k_parquet(path, count: int = 8) -> str:
+    """Rows as verl's examples/data_preprocess/geo3k.py makes them from hiyouga/geometry3k and HF datasets writes
+    them: chat messages whose content starts with the dataset's <image> tag, `images` a list of {bytes, path}
+    structs (an `Image` feature, PNG bytes embedded), the ground truth under reward_model, the datasets schema
+    metadata beside it."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, image in enumerate(random_images([(84, 112)] * count, seed=5)):
+        png = io.BytesIO()
+        image.save(png, format="PNG")
+        problem, answer = f"<image>Find x. Round to the nearest tenth if necessary. t{i}", str(i + 1)
+        rows.append({"data_source": "hiyouga/geometry3k",
+                     "prompt": [{"role": "user", "content": problem + " " + GEO3K_INSTRUCTION}],
+                     "images": [{"bytes": png.getvalue(), "path": None}], "ability": "math",
+                     "reward_model": {"style": "rule", "ground_truth": answer},
+                     "extra_info": {"split": "train", "index": i, "answer": answer, "question": problem}})
+    image_struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("data_source", pa.string()),
+                        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+                        ("images", pa.list_(image_struct)), ("ability", pa.string()),
+                        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+                        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64()),
+                                                  ("answer", pa.string()), ("question", pa.string())]))])
+    features = {"data_source": {"dtype": "string", "_type": "Value"},
+                "images": {"feature": {"_type": "Image"}, "_type": "Sequence"}}
+    schema = schema.with_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_verl_geo3k_parquet_trains(model_dir, tmp_path):
+    """verl's geometry3k Parquet as is: images as embedded bytes structs, rows scored by the geo3k reward of their
+    data source (0.9 accuracy + 0.1 format, both logged)."""
+    result = run(model_dir, geo3k_parquet(tmp_path / "train.parquet"), tmp_path / "run",
+                 "task.options.chat_template=true", "rollout.max_response_len=8")
+    assert result.returncode == 0, result.stderr[-4000:]
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert {"reward/geo3k/accuracy/mean", "reward/geo3k/format/mean"} <= set(history[0]), sorted(history[0])
+    assert all(h["check/logprob_max_diff"] < 1e-4 for h in history)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_killed_and_resumed_visual_run_logs_what_the_uninterrupted_run_logged(tmp_path):
+    """kill -9 after the first checkpoint of a visual-quickstart run (a short warm start: its model built here),
+    then --resume: every metric but timings as the uninterrupted run logged it, images and vision tower included."""
+    import random
+
+    from runs import EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
+
+    short = ["warm_start.steps=20", "warm_start.target_accuracy=0", "trainer.check_logprobs_every=2"]
+    cache, plugins = tmp_path / "warm_start", "qwen2_vl,grpo,vllm"
+    run_to_end(rlcore_run(tmp_path / "whole", cache, *short, preset="visual-quickstart", plugins=plugins))
+    kill_at = random.randint(EVERY + 1, STEPS - 1)
+    run_dir = tmp_path / "run"
+    first = run_dir / "checkpoints" / f"step_{EVERY:08d}"
+    kill_when(rlcore_run(run_dir, cache, *short, preset="visual-quickstart", plugins=plugins),
+              lambda: len(logged(run_dir)) >= kill_at and first.exists())
+    resumed = run_to_end(rlcore_run(run_dir, cache, "--resume", plugins=plugins))
+    assert f"resuming from {run_dir}/checkpoints/step_0000000" in resumed.stderr
+    whole = without_timings(logged(tmp_path / "whole"))
+    assert len(whole) == STEPS and without_timings(logged(run_dir)) == whole, f"killed after step {kill_at}"
