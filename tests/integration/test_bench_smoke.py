@@ -27,6 +27,8 @@ SMOKES = {
     "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
                          r"(NOT )?MET",
     "trl_side_by_side.py": rf"rlcore/TRL step time {RATIO}x, final accuracy {RATIO} vs {RATIO}",
+    "visual_tokens.py": rf"visual/text-only tokens/s: rollout {RATIO}x, update {RATIO}x \(\d+ prompts, \d+ tokens "
+                        r"each\)",
     "weight_push.py": rf"push shm/collectives {RATIO}x",
     "weight_sync.py": rf"worst sync/ingest {RATIO}x \(vllm tp2\)",
 }

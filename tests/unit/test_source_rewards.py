@@ -62,11 +62,10 @@ def test_a_source_without_a_reward_names_the_sources_and_the_rewards():
         build_rewards(task_section(), "", {"openai/gsm8k": 7473, "my_set": 12}, registry())
     assert str(e.value) == (
         "no reward for data_source 'my_set'. Sources found: my_set (12 rows), openai/gsm8k (7473 rows). Rewards "
-        "registered (with the sources they score): environment, exact_match (rlcore/addition), final_answer, gsm8k "
-            "(openai/gsm8k), math ("
-        "lighteval/MATH, "
-        "DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500). Map it with task.source_rewards={my_set: "
-        "<reward>}, or score every row with task.reward=<reward>")
+        "registered (with the sources they score): environment, exact_match (rlcore/addition), final_answer, geo3k "
+        "(hiyouga/geometry3k), gsm8k (openai/gsm8k), math (lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, "
+        "HuggingFaceH4/MATH-500). Map it with task.source_rewards={my_set: <reward>}, or score every row with "
+        "task.reward=<reward>")
     with pytest.raises(ConfigError, match="no reward for rows without a data_source"):
         build_rewards(task_section(), "", {"": 3}, registry())
     with pytest.raises(Exception, match="no reward named 'nosuch'"):
