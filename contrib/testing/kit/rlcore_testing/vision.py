@@ -112,6 +112,83 @@ def random_images(sizes: list[tuple[int, int]], seed: int = 0) -> list:
     return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
 
 
+def served_image_checks(path: str) -> dict:
+    """In this process (a fresh one: vLLM allows one in-process engine per process): a tiny Qwen2.5-VL written to
+    ``path``, served by vLLM, checked in order against transformers. Returns what was measured: the largest
+    teacher-forced logprob gap on one- and two-image prompts before and after a push that changes the vision tower,
+    the prompt token-in and vLLM's text path give, and what 8 x 16 samples of a uniform model hold, free and with
+    the vision tokens banned."""
+    import asyncio
+
+    from transformers import AutoProcessor
+    from vllm import SamplingParams
+
+    from rlcore.config.schema import RolloutConfig
+    from rlcore.megatron.model import read_hf_config, read_hf_weights
+    from rlcore.plugins import load_plugins
+    from rlcore.specs import Sampling
+
+    torch.set_num_threads(1)
+    spec = load_plugins(["qwen2_vl"]).registry.get("models", "qwen2_vl")
+    reference = write_vision_model_dir(spec.tiny_hf_config(
+        vocab_size=64, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32, ffn_hidden_size=128,
+        max_position_embeddings=256), path)
+    hf_config, processor = read_hf_config(path), AutoProcessor.from_pretrained(path)
+    backend = load_plugins(["vllm"]).registry.get("rollout_backends", "vllm")
+    engine = backend.factory(path, RolloutConfig(kv_cache_gib=0.05, limit_images=2), seed=0, max_model_len=256)
+
+    def prompt(images: list, text: list[int]) -> tuple[list[int], ImageInputs]:
+        pixels = processor.image_processor(images=images, return_tensors="pt")
+        ids = list(text)
+        for grid in pixels["image_grid_thw"].tolist():
+            ids += spec.vision.image_tokens(grid, hf_config) + [5]
+        return ids, ImageInputs(pixels["pixel_values"], pixels["image_grid_thw"])
+
+    def worst_gap() -> float:
+        worst = 0.0
+        for sizes, text in (([(84, 84)], [3, 4]), ([(56, 112), (112, 84)], [7])):
+            images = random_images(sizes, seed=len(sizes))
+            ids, inputs = prompt(images, text)
+            sequence = ids + [11, 12, 13, 14]
+            ours = engine.score_with_images([sequence], [len(ids)], [images])[0]
+            logp = torch.log_softmax(transformers_logits(reference, hf_config, torch.tensor([sequence]),
+                                                         [inputs])[0].double(), -1)
+            theirs = [logp[j - 1, sequence[j]].item() for j in range(len(ids), len(sequence))]
+            worst = max(worst, max(abs(a - b) for a, b in zip(ours, theirs)))
+        return worst
+
+    try:
+        measured: dict = {"gap_before": worst_gap()}
+        images = random_images([(84, 84), (56, 112)], seed=3)
+        ids, _ = prompt(images, [3, 4])
+        one_each = engine._image_prompts([ids], [images])[0]["prompt_token_ids"]
+        text = " ".join(processor.tokenizer.convert_ids_to_tokens(one_each))
+        out = engine.llm.generate({"prompt": text, "multi_modal_data": {"image": images}},
+                                  SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)[0]
+        measured.update(token_in_prompt=ids, text_path_prompt=list(out.prompt_token_ids))
+        g = torch.Generator().manual_seed(7)
+        tower = {n: t + torch.randn(t.shape, generator=g) * 0.05 for n, t in read_hf_weights(path).items()
+                 if n.startswith("visual.")}
+        engine.update_weights(iter(tower.items()), version=1)
+        reference.model.visual.load_state_dict({n[len("visual."):]: t for n, t in tower.items()}, strict=True)
+        measured["gap_after"] = worst_gap()
+        engine.update_weights(iter([("model.norm.weight", torch.zeros(64))]), version=2)   # every token alike
+        images = random_images([(84, 84)], seed=4)
+        ids, _ = prompt(images, [3])
+
+        async def sample(banned: tuple[int, ...]) -> list[int]:
+            done = await asyncio.gather(*(engine.generate_with_images(
+                ids, images, Sampling(16, min_tokens=16, banned_token_ids=banned), seed, f"r{seed}-{len(banned)}")
+                for seed in range(8)))
+            return [t for c in done for t in c.tokens]
+
+        measured["sampled_free"] = asyncio.run(sample(()))
+        measured["sampled_banned"] = asyncio.run(sample(spec.vision.reserved_token_ids(hf_config)))
+        return measured
+    finally:
+        engine.stop()
+
+
 _TP_RANK = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
     torch.set_num_threads(1)
