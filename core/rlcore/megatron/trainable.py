@@ -224,7 +224,8 @@ class MegatronTrainable:
 
         def forward_step(data_iterator, chunk):
             mb, packed = next(data_iterator)
-            more = self._model_inputs(mb)
+            # a vision-language model also takes each row's images (rlcore.multimodal), from the rows' metadata
+            more = {} if self.spec.vision is None else {"images": [r.get(IMAGE_INPUTS) for r in mb.meta] or None}
             if packed is not None:   # one row, sequences end to end; outputs go back to the micro-batch's layout
                 labels = packed.labels
                 output = chunk(packed.ids, packed.positions, None, packed_seq_params=packed.params, **more)
@@ -257,13 +258,6 @@ class MegatronTrainable:
                 num_microbatches=len(micro), seq_length=max(s[1] for s in shapes) // self.cp_size,
                 micro_batch_size=max(s[0] for s in shapes), forward_only=forward_only)
         return results, list(zip(rows, outputs)), _padding_fraction(batch, sum(a * b for a, b in shapes), rows)
-
-    def _model_inputs(self, micro_batch: Batch) -> dict:
-        """What the model takes besides the tokens: a vision-language model, each row's images (``rlcore.multimodal``,
-        in the rows' metadata)."""
-        if self.spec.vision is None:
-            return {}
-        return {"images": [row.get(IMAGE_INPUTS) for row in micro_batch.meta] if micro_batch.meta else None}
 
     def _micro_batches(self, batch: Batch) -> tuple[list[Batch], list[list[int]]]:
         """The micro-batches of ``batch`` and the rows of ``batch`` each holds (in order; padding rows not listed).

@@ -100,14 +100,15 @@ class Source(abc.ABC):
             raise RlcoreError(f"{where} holds {len(images)} image(s) but model.family {self.cfg.model.family!r} is a "
                               f"text-only model; use a vision-language family (qwen2_vl) or rows without images")
         tokens, decoded, inputs = self.images.encode(text, images, where)
-        return self._fitting(tokens, text), {**metadata, IMAGES: decoded, IMAGE_INPUTS: inputs}
+        return self._fitting(tokens, text, images=True), {**metadata, IMAGES: decoded, IMAGE_INPUTS: inputs}
 
-    def _fitting(self, ids: list[int], text: str) -> list[int]:
+    def _fitting(self, ids: list[int], text: str, images: bool = False) -> list[int]:
         if len(ids) + self.cfg.rollout.max_response_len > self.max_len:
-            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens (its images' included); with "
-                              f"rollout.max_response_len {self.cfg.rollout.max_response_len} it exceeds the model's "
-                              f"context {self.max_len}. Shorten prompts (smaller images: the processor's max_pixels) "
-                              f"or lower rollout.max_response_len.")
+            raise RlcoreError(f"prompt {text[:40]!r} has {len(ids)} tokens{' (its images included)' * images}; "
+                              f"with rollout.max_response_len {self.cfg.rollout.max_response_len} it exceeds the "
+                              f"model's context {self.max_len}. Shorten prompts"
+                              f"{' (smaller images: the processor max_pixels)' * images} or lower "
+                              f"rollout.max_response_len.")
         return ids
 
     @property

@@ -136,10 +136,10 @@ def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads
                    head_dim: int, ffn_hidden_size: int, max_position_embeddings: int, eos_token_id: int = 0) -> dict:
     """A tiny Qwen2.5-VL: the vision placeholders are the last four ids of the vocabulary (image pad, video pad,
     vision start, vision end); a vision tower of two blocks (windowed, then full attention)."""
-    if head_dim * num_heads != hidden_size or head_dim % 16:
+    if head_dim * num_heads != hidden_size or head_dim % 16 or head_dim < 32:
         raise ConfigError(f"model.tiny: Qwen2.5-VL needs head_dim * num_heads = hidden_size and head_dim a multiple "
-                          f"of 16 (its M-RoPE sections, as published: 2:3:3), got head_dim={head_dim}, "
-                          f"num_heads={num_heads}, hidden_size={hidden_size}")
+                          f"of 16 (its M-RoPE sections, as published: 2:3:3), at least 32 (vLLM's CPU attention), "
+                          f"got head_dim={head_dim}, num_heads={num_heads}, hidden_size={hidden_size}")
     return {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
         "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": ffn_hidden_size,

@@ -58,6 +58,10 @@ def test_image_prompts_train_and_the_engine_agrees_after_every_push(model_dir, t
     assert [h["step"] for h in history] == [1, 2, 3]
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
     assert any(h["actor/grad_norm"] > 0 for h in history)
+    # every push sends every tensor of the checkpoint, the tower's included, and nothing else
+    checkpoint = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    pushed = {h["sync/tensors"] for h in history if "sync/tensors" in h}
+    assert pushed == {len(checkpoint)} and any(n.startswith("visual.") for n in checkpoint), (pushed, len(checkpoint))
 
 
 @pytest.mark.slow
@@ -107,7 +111,7 @@ def test_prompt_tokens_hold_each_image_as_the_model_reads_it(model_dir):
     ("<image> <image>", 2, [], r"2 images, more than rollout.limit_images=1"),
     # one text token and a 250-token response would fit the 256-token context; the image's six tokens do not
     ("t1 <image>", 1, ["rollout.max_response_len=250"],
-     r"has 7 tokens \(its images' included\); with rollout.max_response_len 250 it exceeds the model's context"),
+     r"has 7 tokens \(its images included\); with rollout.max_response_len 250 it exceeds the model's context"),
 ])
 def test_bad_image_prompts_are_refused_in_one_line(model_dir, prompt, images, overrides, message):
     source = encoder(model_dir, *overrides)
