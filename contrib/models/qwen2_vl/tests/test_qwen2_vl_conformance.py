@@ -66,8 +66,12 @@ def test_positions_are_transformers_mrope(shape):
     assert torch.equal(model.rotary_positions(ids, images), theirs)
 
 
+# at TP2 in every run: the 3B shape (tied embeddings) and the 7B (also with SP); the 72B and Qwen2-VL shapes on request
+# (RLCORE_ALL_LAYOUTS=1): their TP1 logits and TP-sharded conversion run every time, and TP2 adds nothing shape-specific
 @pytest.mark.slow
 @pytest.mark.parallel
+@pytest.mark.parametrize("shape", [pytest.param(name, marks=[pytest.mark.on_request] if name in (
+    "qwen2.5-vl-72b", "qwen2-vl-7b-instruct") else []) for name in sorted(SHAPES)], indirect=True)
 def test_logits_equal_transformers_at_tp2(shape):
     _, path, _, _, _ = shape
     print(f"max logit difference {assert_image_logits_match_tp('qwen2_vl', 'qwen2_vl', path, GRIDS):.1e}")
