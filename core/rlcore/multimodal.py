@@ -63,6 +63,22 @@ def decode_image(image: Any, where: str):
                       f"struct, a path or a PIL image")
 
 
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                   "chat_template.jinja", "chat_template.json")
+
+
+def copy_processor_files(source: str, target: str) -> None:
+    """A vision-language checkpoint's processor files (image processor settings, chat template) from ``source`` to
+    an export in ``target``, so that transformers and the engines read the images of the trained model as the run
+    did."""
+    import os
+    import shutil
+
+    for name in PROCESSOR_FILES:
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
+
+
 class ImagePrompts:
     """Encodes prompts that hold images for a vision-language model, with the checkpoint's own image processor
     (its ``preprocessor_config.json``: min/max pixels as the model directory says)."""

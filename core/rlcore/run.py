@@ -19,7 +19,7 @@ from rlcore.errors import RlcoreError
 from rlcore.evaluation import evaluate
 from rlcore.learner import Learner
 from rlcore.lora.base import base_fingerprint
-from rlcore.multimodal import ImagePrompts
+from rlcore.multimodal import ImagePrompts, copy_processor_files
 from rlcore.plugins import LoadedPlugins
 from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
                               check_rollout_backend)
@@ -247,6 +247,8 @@ class Run:
         """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
         self.workers.export_hf(directory)
         self.tokenizer.save_pretrained(directory)
+        if self.spec.vision is not None:
+            copy_processor_files(self.model_path, directory)
         self.plugins.hook.rlcore_checkpoint_saved(step=self.cfg.trainer.steps, path=directory)
         return directory
 

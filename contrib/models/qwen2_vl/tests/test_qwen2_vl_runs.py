@@ -52,8 +52,10 @@ def run(model_dir, train_file: str, run_dir, *overrides: str) -> subprocess.Comp
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["colocated", "async"])
 def test_image_prompts_train_and_the_engine_agrees_after_every_push(model_dir, tmp_path, mode):
-    result = run(model_dir, image_rows(tmp_path), tmp_path / "run", f"trainer.mode={mode}")
+    result = run(model_dir, image_rows(tmp_path), tmp_path / "run", f"trainer.mode={mode}", "trainer.export_hf=true")
     assert result.returncode == 0, result.stderr[-4000:]
+    exported = tmp_path / "run" / "hf"       # the trained model with the processor it read its images with
+    assert (exported / "processor_config.json").read_text() == (model_dir / "processor_config.json").read_text()
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [1, 2, 3]
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
