@@ -5,6 +5,8 @@ batch's per-row metadata (``IMAGE_INPUTS``) to the learner; the engine gets the 
 from __future__ import annotations
 
 import io
+import os
+import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -71,9 +73,6 @@ def copy_processor_files(source: str, target: str) -> None:
     """A vision-language checkpoint's processor files (image processor settings, chat template) from ``source`` to
     an export in ``target``, so that transformers and the engines read the images of the trained model as the run
     did."""
-    import os
-    import shutil
-
     for name in PROCESSOR_FILES:
         if os.path.isfile(os.path.join(source, name)):
             shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
@@ -92,7 +91,7 @@ class ImagePrompts:
 
     def encode(self, text: str, images: Sequence[Any], where: str) -> tuple[list[int], list, ImageInputs]:
         """(the trained model's tokens, the decoded images, the processor's pixels) of a prompt whose text holds one
-        ``<image>`` tag per image."""
+        ``<image>`` tag per image (one or more: a prompt without images is plain text)."""
         pieces = text.split(IMAGE_TAG)
         if len(pieces) - 1 != len(images):
             raise RlcoreError(f"{where}: the prompt holds {len(pieces) - 1} {IMAGE_TAG} tag(s) for {len(images)} "
@@ -101,9 +100,8 @@ class ImagePrompts:
             raise RlcoreError(f"{where}: {len(images)} images, more than rollout.limit_images={self.limit}; raise "
                               f"it (the engine reserves encoder memory for that many) or leave the row out")
         decoded = [decode_image(image, where) for image in images]
-        processed = self.processor(images=decoded, return_tensors="pt") if decoded else None
-        inputs = (ImageInputs(processed["pixel_values"], processed["image_grid_thw"]) if processed is not None
-                  else ImageInputs(torch.zeros(0, 1), torch.zeros(0, 3, dtype=torch.long)))
+        processed = self.processor(images=decoded, return_tensors="pt")
+        inputs = ImageInputs(processed["pixel_values"], processed["image_grid_thw"])
         tokens = self._text(pieces[0])
         for grid, piece in zip(inputs.grid_thw.tolist(), pieces[1:]):
             tokens += self.vision.image_tokens(grid, self.hf_config) + self._text(piece)

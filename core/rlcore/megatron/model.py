@@ -120,10 +120,10 @@ def weight_rules(spec: ModelSpec, config, hf_config: dict) -> list:
     """The family's rules, and a vision-language family's tower weights under their checkpoint names."""
     rules = spec.weight_rules(config, hf_config)
     if spec.vision is not None:
-        from rlcore.megatron.vision import tower_parameter_names
+        from rlcore.megatron.vision import tower_shapes
 
-        rules += [Rename(f"vision.{name}", spec.vision.hf_prefix + name)
-                  for name in tower_parameter_names(spec.vision, hf_config)]
+        tower = tower_shapes(spec.vision, hf_config)
+        rules += [Rename(f"vision.{name}", spec.vision.hf_prefix + name) for name in tower]
     return rules
 
 
@@ -162,30 +162,28 @@ def load_hf_into(model: GPTModel, converter: WeightConverter, hf_state: Mapping[
                                  f"{tuple(params[name].shape)}: the checkpoint does not match its config.json")
             params[name].copy_(value)
     if isinstance(hf_state, HFCheckpoint):
-        _log_load(hf_state, converter, model.config.num_layers, rank)
-        _check_tower_read(model, hf_state, converter)
+        extra_layers, other = unused_names(hf_state, set(converter.hf_names()), model.config.num_layers)
+        _log_load(hf_state, extra_layers, other, model.config.num_layers, rank)
+        _check_tower_read(model, hf_state.path, other)
 
 
-def _check_tower_read(model, checkpoint: HFCheckpoint, converter: WeightConverter) -> None:
+def _check_tower_read(model, path: str, unread_names: list[str]) -> None:
     """A vision-language checkpoint's tower weights are all read, or the load fails: one left out would leave its
     parameter as initialised (a silently random vision tower after a rename, as peers shipped)."""
     vision = getattr(model, "vision_spec", None)
-    if vision is None:
-        return
-    _, other = unused_names(checkpoint, set(converter.hf_names()), model.config.num_layers)
-    unread = [name for name in other if name.startswith(vision.hf_prefix)]
+    unread = [name for name in unread_names if vision is not None and name.startswith(vision.hf_prefix)]
     if unread:
-        raise ValueError(f"{checkpoint.path}: {len(unread)} vision tower tensor(s) no weight rule reads, e.g. "
+        raise ValueError(f"{path}: {len(unread)} vision tower tensor(s) no weight rule reads, e.g. "
                          f"{', '.join(unread[:3])}: the checkpoint's tower is not the one its config.json builds")
 
 
-def _log_load(checkpoint: HFCheckpoint, converter: WeightConverter, num_layers: int, rank: int) -> None:
-    """What this rank read; and, once, what no rule reads (MTP layers, stray tensors): skipped, never loaded into
-    another layer."""
+def _log_load(checkpoint: HFCheckpoint, extra_layers: list[int], other: list[str], num_layers: int,
+              rank: int) -> None:
+    """What this rank read; and, once, what no rule reads (``unused_names``: MTP layers, stray tensors): skipped,
+    never loaded into another layer."""
     load_log.info("rank %d: %s", rank, checkpoint.summary())
     if rank:
         return
-    extra_layers, other = unused_names(checkpoint, set(converter.hf_names()), num_layers)
     if extra_layers:
         load_log.info("%s: skipped decoder layer(s) %s beyond the model's %d (multi-token prediction: not "
                       "trained, not exported)", checkpoint.path, ", ".join(map(str, extra_layers)), num_layers)

@@ -22,17 +22,15 @@ if TYPE_CHECKING:
     from rlcore.specs import VisionSpec
 
 
-def tower_parameter_names(vision: VisionSpec, hf_config: dict) -> list[str]:
-    """The tower's parameter names (built on the meta device: nothing allocated), for the weight rules of every
-    pipeline stage, also those that do not hold it."""
+def tower_shapes(vision: VisionSpec, hf_config: dict) -> dict[str, torch.Size]:
+    """The tower's parameters, name -> shape, from a tower built on the meta device (nothing allocated): the weight
+    rules of every pipeline stage (also those that do not hold it) and the dry run's count."""
     with torch.device("meta"):
-        return [name for name, _ in vision.encoder(hf_config).named_parameters()]
+        return {name: p.shape for name, p in vision.encoder(hf_config).named_parameters()}
 
 
 def tower_parameters(vision: VisionSpec, hf_config: dict) -> int:
-    """How many parameters the tower holds (counted on the meta device)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in vision.encoder(hf_config).parameters())
+    return sum(shape.numel() for shape in tower_shapes(vision, hf_config).values())
 
 
 class VisionLanguageGPT(GPTModel):

@@ -72,34 +72,25 @@ def assert_image_logits_match(model, hf_model, hf_config: dict, ids: torch.Tenso
     return diff
 
 
-QWEN_VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-def write_vision_model_dir(hf_config: dict, path: str, seed: int = 0, min_pixels: int = 56 * 56,
-                           max_pixels: int = 112 * 112):
+def write_vision_model_dir(hf_config: dict, path: str, seed: int = 0):
     """A servable tiny Qwen2.5-VL directory: the checkpoint (``hf_config`` as from the plugin's tiny_hf_config: the
-    vision tokens are the vocabulary's last four ids), a one-word-per-id tokenizer with Qwen's vision tokens, and
-    the processor (transformers' Qwen2-VL image processor with these pixel bounds). Returns transformers' model."""
+    vision tokens are the vocabulary's last four ids), a one-word-per-id tokenizer (``t<id>``) with a chat template
+    that joins the messages' contents, and the plugin's own tiny files (its vision tokens, its image processor).
+    Returns transformers' model."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers import PreTrainedTokenizerFast
 
+    from rlcore_model_qwen2_vl.plugin import VISION_TOKENS, tiny_files
     from rlcore_testing.models import write_checkpoint
 
     model = write_checkpoint(hf_config, path, seed)
-    vocab = hf_config["vocab_size"]
-    words = [f"t{i}" for i in range(vocab - len(QWEN_VISION_TOKENS))] + list(QWEN_VISION_TOKENS)
-    assert [hf_config[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                   "vision_end_token_id")] == list(range(vocab - 4, vocab))
+    words = [f"t{i}" for i in range(hf_config["vocab_size"] - len(VISION_TOKENS))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     eos = words[hf_config["eos_token_id"]]
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos, extra_special_tokens=dict(
-        zip(("image_token", "video_token", "vision_bos_token", "vision_eos_token"), QWEN_VISION_TOKENS)))
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_VISION_TOKENS)})
-    Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels),
-                        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
-                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}").save_pretrained(path)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos,
+                                        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert tiny_files(path, tokenizer) == hf_config["vocab_size"]
     return model
 
 
