@@ -172,6 +172,8 @@ _RULES = [  # (key, predicate, what is allowed)
     ("trainer.check_logprobs_every", lambda v: v >= 0, "an integer >= 0"),
     ("trainer.eval_n", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.save_every", lambda v: v >= 0, "an integer >= 0"),
+    ("trainer.max_restarts", lambda v: v >= 0, "an integer >= 0"),
+    ("trainer.stop_grace_s", lambda v: v > 0, "a number of seconds > 0"),
     ("trainer.keep_checkpoints", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.eval_temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
     ("trainer.profile_steps", lambda v: all(s >= 1 for s in v), "a list of step numbers >= 1, e.g. [2, 5]"),

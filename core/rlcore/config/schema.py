@@ -228,6 +228,9 @@ class RolloutConfig:
                                   # aborted and the group is dropped, counted in async/groups_timed_out (0 = no limit)
     partial: bool = False         # trainer.mode=async: a weight push aborts the requests in flight and resumes them
                                   # with the new weights from their tokens so far (false: the push waits for them)
+    replace_dead: bool = True     # trainer.mode=async: a rollout worker that dies is replaced (its requests go to
+                                  # the others at once; the new one serves after it gets the weights); false: the
+                                  # run goes on with those left, and stops when none is
     lora: str = "merged"          # with actor.lora: what a weight sync sends the engine. merged: every weight, the
                                   # adapted ones as W + B A * scale (any engine); adapters: only the adapters' factors
                                   # (r wide, PEFT's layout), the engine serving the base weights it started from with
@@ -275,6 +278,12 @@ class TrainerConfig:
                                   # writes end); false: training waits for the write
     resume: str = ""              # auto: continue from the run dir's newest complete checkpoint, if any; latest: it
                                   # must exist; or a checkpoint directory. `rlcore run --resume <run dir>` sets it
+    max_restarts: int = 0         # a worker that dies (trainer, critic, reward model; a rollout worker that is not
+                                  # replaced) restarts the job from the run's newest complete checkpoint (from the
+                                  # start without one), up to N times; each restart and why is logged
+    stop_grace_s: float = 120     # SIGTERM (what SLURM and Kubernetes send first): the run saves a checkpoint after
+                                  # its current step and exits; past this many seconds it exits without one (set it
+                                  # below the scheduler's own grace period)
     resume_strict: bool = True    # refuse a checkpoint of another model family, architecture or plugin set
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
     export_max_shard_gb: float = 5.0   # its safetensors files hold at most this many GB (10^9 bytes) each, with an
