@@ -1,7 +1,8 @@
 """What runs around the loop's steps, on their schedule: the lifecycle hooks, a profiler on the listed steps
 (``trainer.profile_steps``), held-out evaluation every ``trainer.eval_every`` steps and after the last, the loggers,
 a checkpoint every ``trainer.save_every`` steps (written while the next step runs, made visible as it ends), the
-progress bar and the metrics' history. ``rlcore.run`` builds it; the loop (``rlcore.loop``) calls it."""
+progress bar and the metrics' history, and the answer to whether the run stops after a step (SIGTERM:
+``rlcore.supervision``). ``rlcore.run`` builds it; the loop (``rlcore.loop``) calls it."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -14,16 +15,19 @@ from rlcore.timing import Timer
 
 if TYPE_CHECKING:
     from rlcore.report import ProgressBar
+    from rlcore.supervision import StopRequest
 
 
 class Cadence:
     def __init__(self, cfg: Config, hooks: Any, run_dir: str, checkpointer: Checkpointer,
                  evaluate: Callable[[int], dict[str, float]], save: Callable[[int], float],
-                 profiled: tuple[Workers, Workers | None]):
+                 profiled: tuple[Workers, Workers | None], stop: StopRequest | None = None):
         """``evaluate(step)``: the held-out metrics after ``step``; ``save(step)``: checkpoint the run after ``step``,
-        returning the seconds training stood still for it; ``profiled``: the actor's and the critic's workers."""
+        returning the seconds training stood still for it; ``profiled``: the actor's and the critic's workers;
+        ``stop``: where a request to stop comes from (SIGTERM)."""
         self.cfg, self.hooks, self.run_dir, self.checkpointer = cfg, hooks, run_dir, checkpointer
-        self.evaluate, self.save, self.profiled = evaluate, save, profiled
+        self.evaluate, self.save, self.profiled, self.stop = evaluate, save, profiled, stop
+        self.stopped_after: int | None = None     # the step the run stopped after, on request
         self.loggers: list = []
         self.history: list[dict] = []
         self.saved_in: float | None = None        # seconds the checkpoint after the previous step took
@@ -81,6 +85,17 @@ class Cadence:
         self.hooks.rlcore_step_end(step=step, metrics=metrics)
         if self.bar is not None:
             self.bar.update(metrics)
+
+    def stopping(self, step: int) -> bool:
+        """Whether the run stops after ``step``, on request; if so, with ``step``'s checkpoint complete and visible
+        (the one trainer.save_every has just started, else one written now)."""
+        if self.stop is None or not self.stop.requested:
+            return False
+        if not self.checkpointer.due(step):
+            self.save(step)
+        self.checkpointer.finish(blocking=True)
+        self.stopped_after = step
+        return True
 
     def finish(self) -> None:
         """After the last step: the checkpoint still being written is complete and visible."""

@@ -1,6 +1,7 @@
 """The RL loop. Each step: the rollout source gives the step's trajectories (grouped per prompt, scored), they
 become the training batch, the learner updates on it and hands its weights to the source, and the cadence runs
-(evaluation, loggers, checkpoint, hooks). The loop sees those three parts only; ``rlcore.run`` builds them."""
+(evaluation, loggers, checkpoint, hooks); a run asked to stop (SIGTERM) stops there. The loop sees those three parts
+only; ``rlcore.run`` builds them."""
 from __future__ import annotations
 
 import time
@@ -14,13 +15,15 @@ from rlcore.trajectory import Trajectory, to_batch
 
 
 def train(source: Source, learner: Learner, cadence: Cadence, done: int, steps: int) -> None:
-    """Steps ``done + 1`` to ``steps``, each followed by its cadence."""
+    """Steps ``done + 1`` to ``steps``, each followed by its cadence, until the cadence says the run stops."""
     for number in range(done + 1, steps + 1):
         cadence.begin(number)
         start = time.perf_counter()
         metrics = step(source, learner, cadence, number)
         metrics["time/step"] = time.perf_counter() - start
         cadence.after(number, metrics)
+        if cadence.stopping(number):       # asked to stop: this step is checkpointed
+            return
 
 
 def step(source: Source, learner: Learner, cadence: Cadence, number: int) -> dict[str, float]:

@@ -30,6 +30,7 @@ from rlcore.rollout.reward_model import load_model_reward
 from rlcore.rollout.source import Source
 from rlcore.rollout_correction import async_default, check_old_logprobs_source
 from rlcore.specs import AgentSpec
+from rlcore.supervision import Stopped, StopRequest
 from rlcore.warm_start import prepare_model
 
 if TYPE_CHECKING:
@@ -41,11 +42,14 @@ log = logging.getLogger(__name__)
 
 
 class Run:
-    """Built from the config and the selected plugins; ``train()`` starts the workers and runs the loop."""
+    """Built from the config and the selected plugins; ``train()`` starts the workers and runs the loop. ``stop``:
+    where a request to stop after a step comes from (`rlcore run`'s SIGTERM); ``restarts``: those before this
+    attempt, for the summary (``rlcore.supervision``)."""
 
-    def __init__(self, cfg: Config, plugins: LoadedPlugins):
+    def __init__(self, cfg: Config, plugins: LoadedPlugins, stop: StopRequest | None = None,
+                 restarts: list[dict] | None = None):
         check_runnable_here(cfg)
-        self.cfg, self.plugins = cfg, plugins
+        self.cfg, self.plugins, self.stop, self.restarts = cfg, plugins, stop, restarts or []
         reg = plugins.registry
         self.spec = reg.get("models", cfg.model.family)
         self.algorithm = reg.get("algorithms", cfg.algorithm["name"])
@@ -76,7 +80,7 @@ class Run:
 
     def train(self) -> dict:
         """Set up; evaluate (or resume); ``trainer.steps`` steps with their cadence (``rlcore.loop``); export;
-        returns the summary."""
+        returns the summary. Raises ``Stopped`` where the run stopped on request, after a step's checkpoint."""
         from rlcore import loop
         from rlcore.report import plot_rewards
 
@@ -92,13 +96,15 @@ class Run:
             eval_before = evaluate(self.source, self.task, cfg, 0)
         summary["eval_accuracy_before"] = eval_before.get("eval/accuracy", float("nan"))
         self.eval_before = eval_before
-        history = checkpoint.logged_history(self.run_dir, done) if self.resume_from else []
+        history = checkpoint.logged_history(self.run_dir, done)    # a fresh start drops a dead attempt's lines
         self.cadence.start(done, summary["eval_accuracy_before"], history)
         try:
             loop.train(self.source, self.learner, self.cadence, done, cfg.trainer.steps)
             self.cadence.finish()
         finally:
             self.cadence.close()
+        if self.cadence.stopped_after is not None:
+            raise Stopped(self.cadence.stopped_after)
         summary["eval_accuracy_after"] = history[-1].get("eval/accuracy", float("nan")) if history \
             else summary["eval_accuracy_before"]
         # each reward component's held-out mean, before and after (a reward model's score beside what it stands for)
@@ -113,6 +119,7 @@ class Run:
             if cfg.actor.lora.rank:     # the adapters too, in PEFT's format, beside the merged model
                 summary["adapter"] = self.export_adapter(os.path.join(self.run_dir, "adapter"))
         summary["plot"] = plot_rewards(history, eval_before, self.run_dir)
+        summary["restarts"] = self.restarts
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary
@@ -192,7 +199,7 @@ class Run:
         self.cadence = Cadence(cfg, self.plugins.hook, self.run_dir, self.checkpointer,
                                evaluate=lambda step: evaluate(self.source, self.task, cfg, step),
                                save=lambda step: self.save_checkpoint(step, self.eval_before),
-                               profiled=(self.workers, self.critic))
+                               profiled=(self.workers, self.critic), stop=self.stop)
         self.cadence.open_loggers(self.logger_classes)
 
     def image_prompts(self) -> ImagePrompts | None:
@@ -243,6 +250,11 @@ class Run:
         return state["step"], state["eval_before"]
 
     # --- the end -------------------------------------------------------------------------------------------------
+    def last_step(self) -> int:
+        """The last step the run has logged (0 before the first)."""
+        cadence = vars(self).get("cadence")
+        return cadence.history[-1]["step"] if cadence is not None and cadence.history else 0
+
     def export_hf(self, directory: str) -> str:
         """The trained actor as an HF checkpoint (config, safetensors, tokenizer): loadable by transformers/vLLM."""
         self.workers.export_hf(directory)
@@ -260,7 +272,7 @@ class Run:
         return directory
 
     def close(self) -> None:
-        source = vars(self).get("source")
+        source = vars(self).pop("source", None)     # once: close() may be called again
         if source is not None:
             source.close()
         for group in (self.rollout, self.reward_model, self.critic, self._workers):

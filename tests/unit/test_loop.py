@@ -45,8 +45,8 @@ class Learner:
 
 
 class Cadence:
-    def __init__(self):
-        self.calls = []
+    def __init__(self, stop_after=None):
+        self.calls, self.stop_after = [], stop_after
 
     def begin(self, step):
         self.calls.append(("begin", step))
@@ -59,6 +59,9 @@ class Cadence:
 
     def after(self, step, metrics):
         self.calls.append(("after", step, sorted(metrics)))
+
+    def stopping(self, step):
+        return step == self.stop_after
 
 
 def test_each_step_samples_at_the_learners_version_and_hands_on_the_updated_weights():
@@ -82,3 +85,10 @@ def test_a_step_with_nothing_kept_trains_nothing_and_still_hands_on_the_weights(
     assert metrics["sampling/skipped_update"] == 1.0 and learner.batches == []
     assert source.calls[-1] == ("push_weights", "the actor's workers", 0, 1)
     assert cadence.calls == []          # no batch: no rollout_end hook
+
+
+def test_a_run_asked_to_stop_stops_after_the_step_the_cadence_says():
+    source, learner, cadence = Source(), Learner(updates_per_step=1), Cadence(stop_after=2)
+    loop.train(source, learner, cadence, done=0, steps=5)
+    assert [c[:2] for c in cadence.calls if c[0] == "after"] == [("after", 1), ("after", 2)]
+    assert source.calls[-1] == ("push_weights", "the actor's workers", 2, 2)      # step 2 whole, then no step 3

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
+import threading
 from typing import Any, Callable, Concatenate, NoReturn, ParamSpec, TypeVar
 
 import torch
@@ -73,11 +75,23 @@ def death_cause(error: Exception) -> str:
 
 
 def start_ray(cfg: Config) -> None:
-    """Join ``trainer.ray_address``'s cluster, or start an embedded one, unless Ray runs already."""
+    """Join ``trainer.ray_address``'s cluster, or start an embedded one, unless Ray runs already. A SIGTERM handler
+    of the run's (`rlcore run`'s: ``rlcore.supervision``) stays: ray.init replaces it with one that exits at once."""
     import ray
 
     if ray.is_initialized():
         return
+    sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        _init_ray(cfg)
+    finally:
+        if callable(sigterm):
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _init_ray(cfg: Config) -> None:
+    import ray
+
     if cfg.trainer.ray_address:
         ray.init(address=cfg.trainer.ray_address, log_to_driver=True)
     else:  # embedded; Ray's CPUs are scheduling slots: one per worker (actor's, critic's, rollout's), whatever the
