@@ -282,8 +282,8 @@ class TrainerConfig:
                                   # replaced) restarts the job from the run's newest complete checkpoint (from the
                                   # start without one), up to N times; each restart and why is logged
     stop_grace_s: float = 120     # SIGTERM (what SLURM and Kubernetes send first): the run saves a checkpoint after
-                                  # its current step and exits; past this many seconds it exits without one (set it
-                                  # below the scheduler's own grace period)
+                                  # its current step and exits (status 143); past this many seconds it exits without
+                                  # one (set it below the scheduler's own grace period)
     resume_strict: bool = True    # refuse a checkpoint of another model family, architecture or plugin set
     export_hf: bool = True        # write the trained actor as an HF checkpoint to <run dir>/hf at the end
     export_max_shard_gb: float = 5.0   # its safetensors files hold at most this many GB (10^9 bytes) each, with an
