@@ -50,7 +50,9 @@ class Stopped(Exception):
 class StopRequest:
     """SIGTERM, taken in the main thread as a request to stop after the step under way (``requested``). From the
     signal on, a watchdog thread gives the run ``grace_s`` seconds: past them it prints ``last_words()`` (unless the
-    run has said ``finished()``), ends this process's descendants and exits ``STOPPED_EXIT``."""
+    run has said ``finished()``), ends this process's descendants and exits ``STOPPED_EXIT``. The main thread takes
+    the signal at once in Python code, within a second while it waits on Ray (which checks for signals once a
+    second)."""
 
     def __init__(self, grace_s: float, last_words: Callable[[], str]):
         self.grace_s, self.last_words = grace_s, last_words
