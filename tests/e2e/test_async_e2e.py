@@ -24,8 +24,12 @@ def quickstart(run_dir, cache, *extra):
 
 def comparable(history):
     """A step's metrics less timings and what only one mode reports: when a push is logged (the colocated run logs
-    it at the step whose rollout it precedes, the async one after the update that made it), the queue's own."""
-    return [{k: v for k, v in h.items() if not k.startswith(("time/", "sync/", "async/"))} for h in history]
+    it at the step whose rollout it precedes, the async one after the update that made it), the queue's own, the
+    rollout workers' roster."""
+    return [{k: v for k, v in h.items() if not k.startswith(("time/", "sync/", "async/", *ROSTER))} for h in history]
+
+
+ROSTER = ("rollout/workers_alive", "rollout/restarts", "rollout/requests_reissued")
 
 
 def test_staleness_zero_is_the_colocated_run_step_by_step(tmp_path, warm_start_cache):

@@ -87,11 +87,14 @@ def stopped_with_one_line(code, took, err, others) -> str:
 
 @pytest.mark.parametrize("doing", ["stream_groups", "receive_weights"])
 def test_a_killed_rollout_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache, doing):
-    """Killed while it generates, or while it takes a weight push."""
-    victim, code, took, err, others = kill_mid_run(tmp_path, warm_start_cache, "RolloutWorker", 1, doing)
+    """Killed while it generates, or while it takes a weight push, without replacements (its healing:
+    test_async_healing.py)."""
+    victim, code, took, err, others = kill_mid_run(tmp_path, warm_start_cache, "RolloutWorker", 1, doing,
+                                                   "rollout.replace_dead=false")
     last = stopped_with_one_line(code, took, err, others)
-    assert re.fullmatch(rf"rlcore: error: rollout worker 0 \(pid {victim.pid} on {HOST}\) died: {KILLED}; .+", last), \
-        err[-3000:]
+    assert re.fullmatch(rf"rlcore: error: rollout worker 0 \(pid {victim.pid} on {HOST}\) died: {KILLED}; no rollout "
+                        rf"worker is left \(rollout.replace_dead=false: set it true to replace dead workers\); .+",
+                        last), err[-3000:]
 
 
 @pytest.mark.parametrize("doing", ["answer", "push_weights"])

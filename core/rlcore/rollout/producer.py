@@ -1,7 +1,9 @@
 """Async mode's producer: an asyncio loop on a thread of the driver that keeps groups in flight on the rollout
 workers as far as admission allows (``rlcore.rollout.staleness``) and puts each finished group into a buffer, which
 the queued source (``rlcore.rollout.queued``) takes from on the loop's thread. Everything the two threads share
-(the buffer, what runs, admission, the draw ledger, the first error) is read and written under ``changed``."""
+(the buffer, what runs, admission, the draw ledger, the first error) is read and written under ``changed``. A group
+whose worker dies before it finishes is started again on another (``rlcore.rollout.healing``), from its prompt and
+seeds: trained whole once, or not at all."""
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +16,16 @@ from rlcore.config import Config
 from rlcore.errors import WorkerDied
 from rlcore.rollout.draws import DrawLedger
 from rlcore.rollout.handles import EngineWorkers
+from rlcore.rollout.healing import Healer
 from rlcore.rollout.source import prompt_seeds
 from rlcore.rollout.staleness import Admission
 from rlcore.specs import Sampling, Task
 from rlcore.trajectory import Trajectory
+
+
+# each episode's metadata names the prompt its group came from, "<draw>/<index>": whatever dies, resumes or is
+# re-issued, a run trains each at most once (the ledger a test of healing checks, from the batches)
+PROMPT_ID = "prompt_id"
 
 
 @dataclass
@@ -32,11 +40,13 @@ class Producer:
     """Draws prompts as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
     seeded ``prompt_seeds(.., "train", d, 1)``) and starts their groups on the least loaded rollout worker."""
 
-    def __init__(self, cfg: Config, rollout: EngineWorkers, task: Task,
+    def __init__(self, cfg: Config, rollout: EngineWorkers, healer: Healer, task: Task,
                  encode: Callable[[str, dict], tuple[list[int], dict]], sampling: Sampling):
         """``encode``: a row's prompt text and metadata -> its tokens and its episodes' metadata
-        (``Source.encode_prompt``); ``sampling``: how every request samples."""
+        (``Source.encode_prompt``); ``sampling``: how every request samples; ``healer``: which workers serve."""
         self.cfg, self.rollout, self.encode, self.sampling = cfg, rollout, encode, sampling
+        self.healer = healer
+        healer.on_change, healer.on_fatal = self._roster_changed, self.fail
         self.batch = cfg.trainer.prompts_per_step
         self.admission = Admission(cfg.rollout.max_staleness, self.batch, cfg.actor.mini_batches * cfg.actor.epochs)
         self.buffer: collections.deque[Produced] = collections.deque()
@@ -58,21 +68,20 @@ class Producer:
 
     async def _produce(self) -> None:
         self.wake = asyncio.Event()
-        load = [0] * self.rollout.world
         try:
             while True:
                 with self.changed:
-                    wave = self._next_prompts(self.admission.capacity())
+                    wave = self._next_prompts(self.admission.capacity()) if self.healer.serving() else []
                     self.admission.start(len(wave))
                     version = self.admission.version
                     self.running[version] += len(wave)
-                if not wave:
+                picked = self.healer.pick(len(wave)) if wave else None
+                if picked is None:
+                    self._requeue(wave, version)       # nobody serves (a worker died just now): started later
                     self.wake.clear()
                     await self.wake.wait()
                     continue
-                worker = min(range(len(load)), key=load.__getitem__)
-                load[worker] += len(wave)
-                asyncio.ensure_future(self._generate(worker, wave, version, load))
+                asyncio.ensure_future(self._generate(*picked, wave, version))
         except asyncio.CancelledError:
             raise
         except BaseException as e:    # the consumer hears of it
@@ -84,17 +93,23 @@ class Producer:
         while count and not self.waiting:
             draw, prompts = self.ledger.draw()
             seeds = prompt_seeds(self.batch, self.cfg.run.seed, "train", draw, 1)
-            self.waiting = [(*self.encode(p, m), seeds[i], draw, i) for i, p, m in prompts]
+            self.waiting = [(*self._encoded(p, m, f"{draw}/{i}"), seeds[i], draw, i) for i, p, m in prompts]
         wave, self.waiting = self.waiting[:count], self.waiting[count:]
         return wave
 
-    async def _generate(self, worker: int, wave: list, version: int, load: list[int]) -> None:
+    def _encoded(self, text: str, metadata: dict, prompt_id: str) -> tuple[list[int], dict]:
+        tokens, metadata = self.encode(text, metadata)
+        return tokens, {**metadata, PROMPT_ID: prompt_id}
+
+    async def _generate(self, worker: int, generation: int, wave: list, version: int) -> None:
+        finished: set[int] = set()
         try:
             stream = self.rollout.stream_groups(worker, [p for p, *_ in wave], [m for _, m, *_ in wave],
                                                 self.cfg.rollout.n, self.sampling, [s for _, _, s, *_ in wave],
                                                 f"d{wave[0][3]}-{wave[0][4]}")
             async for ref in stream:
                 i, group = await ref
+                finished.add(i)
                 _, _, _, draw, index = wave[i]
                 with self.changed:
                     self.running[version] -= 1
@@ -107,12 +122,29 @@ class Producer:
                         self.admission.finish(kept=True)
                         self.counts["tokens"] += sum(sum(t.loss_mask) for t in group)
                     self.changed.notify_all()
-                load[worker] -= 1
+                self.healer.finished(worker, generation)
                 self.poke()
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            self.fail(self.rollout.failed(worker, e))
+            stop = self.healer.lost(worker, generation, e)
+            if stop is not None:
+                self.fail(stop)
+                return
+            lost = [w for i, w in enumerate(wave) if i not in finished]
+            self._requeue(lost, version)
+            self.healer.reissued(len(lost) * self.cfg.rollout.n)
+
+    def _requeue(self, wave: list, version: int) -> None:
+        """Groups of ``wave`` that will not finish where they started: first in line to start again (their places
+        in admission given back until then)."""
+        if not wave:
+            return
+        with self.changed:
+            self.running[version] -= len(wave)
+            self.admission.cancel(len(wave))
+            self.waiting[:0] = wave
+        self.poke()
 
     # --- from any thread -------------------------------------------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -126,6 +158,12 @@ class Producer:
         if self.loop is not None and self.wake is not None:
             self.loop.call_soon_threadsafe(self.wake.set)
 
+    def _roster_changed(self) -> None:
+        """A worker joined or serves again: the producer may start groups, the consumer may have to push."""
+        with self.changed:
+            self.changed.notify_all()
+        self.poke()
+
     # --- the consumer's side ---------------------------------------------------------------------------------------
     def advance(self, step: int, learner: int, engines: int) -> None:
         """Step ``step`` is about to train with the learner at version ``learner``, the engines at ``engines``
@@ -136,11 +174,14 @@ class Producer:
             self.admission.advance(step, learner, engines)
         self.poke()
 
-    def take(self) -> tuple[Produced, int]:
+    def take(self) -> tuple[Produced, int] | None:
         """A finished group of the oldest version started (waiting for one: a straggler is waited for, not passed
-        by newer groups, which would leave it past the staleness bound), and how many were in the buffer."""
+        by newer groups, which would leave it past the staleness bound), and how many were in the buffer; None
+        while no worker serves and a new one waits for the weights (only the consumer can push them)."""
         with self.changed:
             while (at := self._oldest()) is None and self.error is None:
+                if self.healer.waiting_for_weights():
+                    return None
                 self.changed.wait()
             if self.error is not None or at is None:
                 raise WorkerDied(str(self.error))
@@ -183,6 +224,7 @@ class Producer:
 
     def close(self) -> None:
         """Cancel the requests in flight and stop the loop (before the rollout workers stop)."""
+        self.healer.stop()
         if self.loop is None:
             return
         loop, self.loop = self.loop, None

@@ -3,7 +3,9 @@ trains. A producer (``rlcore.rollout.producer``: an asyncio loop on a thread of 
 on the rollout workers as far as admission allows (``rlcore.rollout.staleness``) and puts each finished group into
 a buffer; the loop's ``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the
 colocated source does) and drops those the filter refuses, which gives their places back to the producer. After each
-update the learner's weights are pushed to every rollout worker (``push_weights``).
+update the learner's weights are pushed to every rollout worker (``push_weights``). A rollout worker that dies is
+healed (``rlcore.rollout.healing``): its groups start again elsewhere, its replacement joins at the next push (the
+push channel is reopened whenever its members change).
 
 Prompts are drawn as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
 seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw order, so that with
@@ -11,7 +13,7 @@ seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw 
 from __future__ import annotations
 
 import time
-from typing import Callable, NoReturn
+from typing import Any, Callable
 
 import torch
 
@@ -22,6 +24,7 @@ from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import EngineWorkers, Weights
+from rlcore.rollout.healing import Healer
 from rlcore.rollout.producer import Produced, Producer
 from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
@@ -39,14 +42,17 @@ class QueuedSource(Source):
         super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics, images)
         self.rollout = rollout
         self.batch = cfg.trainer.prompts_per_step
-        self.producer = Producer(cfg, rollout, task, self.encode_prompt, self.sampling(cfg.rollout.temperature))
+        self.healer = Healer(rollout, cfg.rollout.replace_dead)
+        self.producer = Producer(cfg, rollout, self.healer, task, self.encode_prompt,
+                                 self.sampling(cfg.rollout.temperature))
         self.weights: Weights | None = None       # the learner's (its first push_weights opens the channel)
+        self.channel: list[tuple[int, int]] = []  # the rollout workers the push channel was opened with
         # the weight version the engines hold (Learner.version, pushed): the model's own, or none
         self.pushed = -1 if any(w["weightless"] for w in rollout.where) else 0
         self.learner = (0, 0)                     # the learner's version, after this step
         self.trained_tokens = 0                   # response tokens of the batch the trainer took last
         self.last_take: float | None = None
-        self.stats_asked: list = []               # the rollout workers' counters, asked for at the last take
+        self.stats_asked: tuple[list, list] = ([], [])   # the rollout workers' counters, asked for at the last take
 
     # --- what the loop asks for ----------------------------------------------------------------------------------
     def next_groups(self, step: int, version: int, timer: Timer) -> StepRollout:
@@ -63,7 +69,11 @@ class QueuedSource(Source):
         waited_before = timer.seconds.get("wait", 0.0)
         while len(kept) < self.batch and looked < cfg.rollout.max_sampling_rounds * self.batch:
             with timer("wait"):
-                produced, depth = self.producer.take()
+                taken = self.producer.take()
+            if taken is None:       # no worker serves; new ones wait for the weights
+                self._push(timer, metrics)
+                continue
+            produced, depth = taken
             looked += 1
             lag = version - produced.version           # versions between the weights it started with and these
             if lag > cfg.rollout.max_staleness:        # a straggler past the bound: dropped, never trained on
@@ -78,6 +88,7 @@ class QueuedSource(Source):
             else:
                 self.producer.give_back()
         metrics.update(self._rates(timer.seconds["wait"] - waited_before))
+        metrics.update(self.healer.metrics())
         kept.sort(key=lambda p: (p.draw, p.index))
         for g, produced in enumerate(kept):
             for t in produced.group:
@@ -104,12 +115,14 @@ class QueuedSource(Source):
         between its steps (waiting for the answer cost the trainer ~70 ms a step on the quickstart)."""
         now = time.perf_counter()
         counts = self.producer.counted()
-        engines = self._gather(self.stats_asked or self.rollout.stats())
-        self.stats_asked = self.rollout.stats()
+        if not self.stats_asked[0]:
+            self.stats_asked = self._ask_stats()
+        engines = list(self._gather(*self.stats_asked).values())
+        self.stats_asked = self._ask_stats()
         metrics = {"async/groups_timed_out": float(counts["timed_out"]),
                    "async/resumed_requests": float(sum(e["resumed_requests"] for e in engines)),
-                   "async/resumes_max": float(max(e["max_resumes"] for e in engines))}
-        if self.last_take is not None:
+                   "async/resumes_max": float(max((e["max_resumes"] for e in engines), default=0))}
+        if self.last_take is not None and engines:
             interval = now - self.last_take
             metrics.update({"async/trainer_idle_frac": waited / interval,
                             "async/rollout_idle_frac": sum(e["idle_s"] for e in engines)
@@ -119,40 +132,49 @@ class QueuedSource(Source):
         self.last_take = now
         return metrics
 
-    def _gather(self, refs: list) -> list:
-        """The results of a call of the rollout workers; a worker's failure stops the run with one line naming it."""
+    def _ask_stats(self) -> tuple[list, list]:
+        members = self.healer.serving()
+        return members, self.rollout.stats([slot for slot, _ in members])
+
+    def _gather(self, members: list[tuple[int, int]], refs: list) -> dict[int, Any]:
+        """The results of a call of the rollout workers ``members`` (slot, generation), by slot. A worker that died
+        is healed and left out; another failure stops the run with one line naming the worker."""
         import ray
 
-        results = []
-        for index, ref in enumerate(refs):
+        results = {}
+        for (slot, generation), ref in zip(members, refs):
             try:
-                results.append(ray.get(ref))
+                results[slot] = ray.get(ref)
             except Exception as e:
-                self._worker_failed(index, e)
+                self._lost(slot, generation, e)
         return results
 
-    def _worker_failed(self, index: int, error: BaseException) -> NoReturn:
-        message = self.rollout.failed(index, error)
-        self.producer.fail(message)
-        raise WorkerDied(message) from None
+    def _lost(self, slot: int, generation: int, error: BaseException) -> None:
+        stop = self.healer.lost(slot, generation, error)
+        if stop is not None:
+            self.producer.fail(stop)
+            raise WorkerDied(stop) from None
 
-    def _dead_receiver(self, refs: list) -> None:
-        """After a failed push: a rollout worker that died during it, or failed to load it (the sender's error is then
-        only its echo), stops the run with one line naming it. Receivers that only echo the channel's failure, or
-        still wait for the push, are passed by."""
+    def _receivers_lost(self, members: list[tuple[int, int]], refs: list) -> bool:
+        """After a failed push: whether a rollout worker died during it (healed: the push is tried again without it).
+        One that failed to load it (the sender's error is then only its echo) stops the run with one line naming it.
+        Receivers that only echo the channel's failure, or still wait for the push, are passed by."""
         import ray
 
         from rlcore.weight_sync.push import WeightPushError
 
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
-        for index, ref in enumerate(refs):
+        died = False
+        for (slot, generation), ref in zip(members, refs):
             if ref in ready:
                 try:
                     ray.get(ref)
                 except WeightPushError:
                     pass
                 except Exception as e:
-                    self._worker_failed(index, e)
+                    self._lost(slot, generation, e)
+                    died = True
+        return died
 
     # --- weights -------------------------------------------------------------------------------------------------
     def push_weights(self, weights: Weights, version: int, step: int, timer: Timer | None = None) -> dict[str, float]:
@@ -161,31 +183,31 @@ class QueuedSource(Source):
         (started without weights; a resumed run's)."""
         metrics: dict[str, float] = {}
         first = self.weights is None
-        if first:
-            self._open_push(weights)
         self.weights, self.learner = weights, (version, step)
-        if first or step % self.cfg.rollout.sync_every == 0:
+        if first or step % self.cfg.rollout.sync_every == 0 or self.healer.joining():
             self._push(timer or Timer(), metrics)
         return metrics
 
-    def _open_push(self, weights: Weights) -> None:
-        """The channel from the learner's workers to every rollout worker."""
+    def _open_push(self, weights: Weights, members: list[tuple[int, int]]) -> None:
+        """The channel from the learner's workers to the rollout workers ``members``."""
         import ray
 
         from rlcore.launch import free_port
 
         address = f"{ray.util.get_node_ip_address()}:{free_port()}"
-        receivers = self.rollout.open_push(address)
-        weights.open_push(address, self.rollout.world)
-        self._gather(receivers)
+        receivers = self.rollout.open_push(address, [slot for slot, _ in members])
+        weights.open_push(address, len(members))
+        self._gather(members, receivers)
+        self.channel = members
 
     def _push(self, timer: Timer, metrics: dict) -> None:
         """Push the learner's weights to every rollout worker unless they hold them (each pauses its engine for the
-        load); on ``trainer.check_logprobs_every`` steps the engines score a fixed probe with them, checked against
-        the learner's."""
+        load), and to every new one; on ``trainer.check_logprobs_every`` steps the engines score a fixed probe with
+        them, checked against the learner's. A receiver that dies during the push is healed and the push tried again
+        without it."""
         version, step = self.learner
         weights = self.weights
-        if version == self.pushed:
+        if version == self.pushed and not self.healer.joining():
             return
         if weights is None:
             raise RuntimeError("the queued source has no weights to push: the loop hands them over (push_weights) "
@@ -199,18 +221,27 @@ class QueuedSource(Source):
         sequences = None if probe is None else ([p + r for p, r in zip(*probe[:2])], [len(p) for p in probe[0]],
                                                 probe[2])
         with timer("sync"):
-            received = self.rollout.receive_weights(sequences)
-            try:
-                sent = weights.push_weights(version)
-            except Exception:
-                self._dead_receiver(received)
-                raise
-            results = self._gather(received)
+            while True:
+                members = self._awaited(self.healer.members)
+                if members != self.channel:
+                    self._open_push(weights, members)
+                    continue        # a member may have died while it opened
+                received = self.rollout.receive_weights(sequences, [slot for slot, _ in members])
+                try:
+                    sent = weights.push_weights(version)
+                except Exception:
+                    if self._receivers_lost(members, received):
+                        continue
+                    raise
+                results = self._gather(members, received)
+                if results:         # else every receiver died after the sender was done: again, to the new ones
+                    break
+        self.healer.pushed(members)
         self.pushed = version
         metrics.update(sent)
-        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results)
+        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
         if probe is not None:
-            metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results])
+            metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results.values()])
 
     def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]], list[ProbeImages] | None],
                engines: list) -> float:
@@ -242,9 +273,36 @@ class QueuedSource(Source):
     # --- evaluation ------------------------------------------------------------------------------------------------
     def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
                  seeds: list[int]) -> list[list[Trajectory]]:
-        """Split over the rollout workers, beside the groups the producer has in flight."""
-        results = self._gather(self.rollout.episodes(prompts, metadata, n, sampling, seeds, "eval"))
-        return [g for part in results for g in part]
+        """Split over the serving rollout workers, beside the groups the producer has in flight; the share of one that
+        dies goes to the others."""
+        groups: dict[int, list[Trajectory]] = {}
+        pending = list(range(len(prompts)))
+        while pending:
+            members = self._serving()
+            parts = [pending[w::len(members)] for w in range(len(members))]
+            refs = [self.rollout.episodes(slot, [prompts[i] for i in part], [metadata[i] for i in part], n, sampling,
+                                          [seeds[i] for i in part], f"eval{slot}") for (slot, _), part in zip(members, parts)]
+            results = self._gather(members, refs)
+            for (slot, _), part in zip(members, parts):
+                groups.update(zip(part, results.get(slot, [])))
+            pending = [i for i in pending if i not in groups]
+        return [groups[i] for i in range(len(prompts))]
+
+    def _serving(self) -> list[tuple[int, int]]:
+        """The serving rollout workers; while none serves, a replacement is waited for and pushed the weights."""
+        while not (members := self._awaited(self.healer.serving, self.healer.joining)):
+            self._push(Timer(), {})
+        return members
+
+    def _awaited(self, workers: Callable[[], list[tuple[int, int]]], enough: Callable[[], bool] = lambda: False
+                 ) -> list[tuple[int, int]]:
+        """``workers()`` once some are there, or [] once ``enough()``; meanwhile replacements start (the rollout side
+        stopping raises its line)."""
+        while not (members := workers()) and not enough():
+            if self.producer.error is not None:
+                raise WorkerDied(self.producer.error)
+            time.sleep(0.1)
+        return members
 
     def close(self) -> None:
         """Cancel the producer's requests and stop its loop (before the rollout workers stop)."""

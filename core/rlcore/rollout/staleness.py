@@ -55,6 +55,10 @@ class Admission:
         self.running -= 1
         self.accepted += int(kept)
 
+    def cancel(self, groups: int) -> None:
+        """Groups started that will not finish (their worker died): started again later, admitted anew."""
+        self.running -= groups
+
     def rebase(self, step: int, version: int, consumed: int) -> None:
         """After a resume from ``step`` (the learner's weights, ``version``, pushed): nothing runs, the groups consumed
         so far are the accepted ones (the buffer was lost)."""

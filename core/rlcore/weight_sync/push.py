@@ -113,6 +113,7 @@ class _Channel:
         except WeightPushError:
             raise
         except RuntimeError as e:     # gloo's and the store's errors (DistError) are RuntimeErrors
+            self.close()              # unusable now; closing it tells the peers still waiting on this rank at once
             raise WeightPushError(f"{self._push()}: {self._peer()} failed, left or stayed silent past "
                                   f"{self.timeout.total_seconds():g} s: {_cause(e)}") from e
 

@@ -60,7 +60,7 @@ def shares(n: int, parts: int) -> list[range]:
     return out
 
 
-def death_cause(error: Exception) -> str:
+def death_cause(error: BaseException) -> str:
     """How a worker died, in Ray's words: its exit type, and what that means here."""
     from ray.exceptions import OutOfMemoryError
 

@@ -17,7 +17,7 @@ from rlcore.config import Config
 from rlcore.specs import Sampling
 from rlcore.trajectory import Trajectory, episode_samples
 from rlcore.weight_sync.logprob_check import Probe, score
-from rlcore.workers.group import WORKER_ENV, death_cause, shares, start_ray
+from rlcore.workers.group import WORKER_ENV, death_cause, start_ray
 
 if TYPE_CHECKING:
     from rlcore.weight_sync.push import WeightPushReceiver
@@ -102,27 +102,29 @@ class RolloutWorker:
         from rlcore.weight_sync.push import WeightPushReceiver
 
         cfg = self.cfg.rollout
+        if self.receiver is not None:       # the channel of the workers before one died or joined
+            self.receiver.close()
         self.receiver = WeightPushReceiver(address, rank, receivers, int(cfg.sync_bucket_mb * (1 << 20)),
                                            cfg.sync_transport)     # connects at the first receive
 
     async def receive_weights(self, probe: Probe | None = None) -> dict:
         """Pause the engine (``rollout.partial``: abort what is in flight, to resume it after; else let it finish),
-        load the pushed weights, score ``probe`` (sequences, start, images) with them if given, resume."""
-        assert self.receiver is not None, "open_push first"
+        load the pushed weights, score ``probe`` (sequences, start, images) with them if given, resume. A push that
+        fails halfway leaves the engine paused (its weights are half old, half new) until one succeeds."""
+        receiver = self.receiver
+        assert receiver is not None, "open_push first"
         paused = time.perf_counter()
         await self.engine.pause()
         drained = time.perf_counter() - paused
-        try:    # off the actor's loop, which an engine's blocking calls may need running (SGLang's do)
-            version, scores = await asyncio.to_thread(self._load, probe)
-        finally:
-            self.engine.resume()
+        # off the actor's loop, which an engine's blocking calls may need running (SGLang's do)
+        version, scores = await asyncio.to_thread(self._load, receiver, probe)
+        self.engine.resume()
         return {"version": version, "scores": scores, "drain_seconds": drained,
                 "pause_seconds": time.perf_counter() - paused}
 
-    def _load(self, probe: Probe | None) -> tuple[int, list[list[float]] | None]:
-        assert self.receiver is not None, "open_push first"
+    def _load(self, receiver: WeightPushReceiver, probe: Probe | None) -> tuple[int, list[list[float]] | None]:
         try:
-            version, stream = self.receiver.receive()
+            version, stream = receiver.receive()
             if self.cfg.rollout.lora == "adapters":
                 from rlcore.lora.sync import received
 
@@ -130,8 +132,9 @@ class RolloutWorker:
             else:
                 self.engine.update_weights(stream, version)
         except BaseException:   # a push given up halfway: closing the channel tells the sender at once, where it
-            self.receiver.close()   # would otherwise wait out its timeout for the rest of the collectives
-            self.receiver = None
+            receiver.close()        # would otherwise wait out its timeout for the rest of the collectives
+            if self.receiver is receiver:
+                self.receiver = None
             raise
         return version, score(self.engine, *probe) if probe is not None else None
 
@@ -152,48 +155,61 @@ class RolloutWorker:
 
 class RolloutWorkers:
     """The driver's handle on the rollout workers: one Ray actor per engine replica (``rollout.world_size /
-    rollout.tp``), each holding ``rollout.tp`` slots of a placement group of their own for its engine's
-    tensor-parallel processes (which the engine starts itself: SGLang's schedulers); started and ready (engines
-    built) on return. Its calls return Ray's references at once, one per worker in worker order (the queued source
-    waits on them when it needs them: ``rlcore.rollout.handles.EngineWorkers``)."""
+    rollout.tp``) in a slot of its own, each holding ``rollout.tp`` slots of a placement group of their own for its
+    engine's tensor-parallel processes (which the engine starts itself: SGLang's schedulers); started and ready (engines
+    built) on return. Its calls return Ray's references at once, one per worker named (the queued source waits on them
+    when it needs them: ``rlcore.rollout.handles.EngineWorkers``). A dead slot's worker is replaced in the same
+    placement-group bundle (``replace``)."""
 
     def __init__(self, cfg: Config, plugin_names: list[str] | None, model_path: str):
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         start_ray(cfg)
+        self.cfg, self.plugin_names, self.model_path = cfg, plugin_names, model_path
         tp = cfg.rollout.tp
         self.world = cfg.rollout.world_size // tp
         self.placement = placement_group([{"CPU": tp}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
-        remote_cls = ray.remote(num_cpus=tp)(RolloutWorker)
-        self.workers: list[Any] = [
-            remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, i),
-                               runtime_env=WORKER_ENV).remote(cfg, plugin_names, model_path, i)
-            for i in range(self.world)]
+        self.workers: list[Any] = [self._actor(i) for i in range(self.world)]
         self.where = ray.get([w.start.remote() for w in self.workers])
 
-    def _each(self, method: Callable[..., Any], per_worker: list[tuple]) -> list:
-        return [getattr(w, method.__name__).remote(*a) for w, a in zip(self.workers, per_worker)]
+    def _actor(self, index: int) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    def open_push(self, address: str) -> list:
-        """Every worker opens its receiving end of the push channel at ``address`` (the trainer's rank 0 is rank 0)."""
-        return self._each(RolloutWorker.open_push, [(address, i + 1, self.world) for i in range(self.world)])
+        remote_cls = ray.remote(num_cpus=self.cfg.rollout.tp)(RolloutWorker)
+        return remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, index),
+                                  runtime_env=WORKER_ENV).remote(self.cfg, self.plugin_names, self.model_path, index)
 
-    def receive_weights(self, probe: Probe | None) -> list:
-        return self._each(RolloutWorker.receive_weights, [(probe,)] * self.world)
+    def replace(self, index: int) -> Any:
+        """A new worker in slot ``index`` (its old one dead: ended, in case it only seems so); the reference to its
+        ``start`` (where it runs), ready when its engine is built."""
+        import ray
 
-    def stats(self) -> list:
-        return self._each(RolloutWorker.stats, [()] * self.world)
+        ray.kill(self.workers[index])
+        self.workers[index] = self._actor(index)
+        self.where[index] = {**self.where[index], "pid": None}      # known once it has started
+        return self.workers[index].start.remote()
 
-    def episodes(self, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
-                 seeds: list[int], tag: str) -> list:
-        """The prompts split over the workers in order; each worker's groups in its prompts' order."""
-        parts = shares(len(prompts), self.world)
-        return self._each(RolloutWorker.episodes, [
-            ([prompts[i] for i in part], [metadata[i] for i in part], n, sampling, [seeds[i] for i in part],
-             f"{tag}{w}") for w, part in enumerate(parts)])
+    def _each(self, method: Callable[..., Any], members: list[int], per_worker: list[tuple]) -> list:
+        return [getattr(self.workers[i], method.__name__).remote(*a) for i, a in zip(members, per_worker)]
+
+    def open_push(self, address: str, members: list[int]) -> list:
+        """Every member opens its receiving end of the push channel at ``address`` (the trainer's rank 0 is rank 0)."""
+        return self._each(RolloutWorker.open_push, members, [(address, r + 1, len(members))
+                                                             for r in range(len(members))])
+
+    def receive_weights(self, probe: Probe | None, members: list[int]) -> list:
+        return self._each(RolloutWorker.receive_weights, members, [(probe,)] * len(members))
+
+    def stats(self, members: list[int]) -> list:
+        return self._each(RolloutWorker.stats, members, [()] * len(members))
+
+    def episodes(self, worker: int, prompts: list[list[int]], metadata: list[dict], n: int, sampling: Sampling,
+                 seeds: list[int], tag: str) -> Any:
+        """Worker ``worker``'s groups of ``prompts``, all at once, in their order (evaluation)."""
+        return self.workers[worker].episodes.remote(prompts, metadata, n, sampling, seeds, tag)
 
     def stream_groups(self, worker: int, prompts: list[list[int]], metadata: list[dict], n: int,
                       sampling: Sampling, seeds: list[int], tag: str) -> Any:
@@ -202,14 +218,19 @@ class RolloutWorkers:
         method = getattr(self.workers[worker], RolloutWorker.stream_groups.__name__)
         return method.options(num_returns="streaming").remote(prompts, metadata, n, sampling, seeds, tag)
 
+    def is_death(self, error: BaseException) -> bool:
+        """Whether ``error`` says the worker is gone (killed, out of memory, its node lost), not that it failed."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, OutOfMemoryError
+
+        return isinstance(error, (ActorDiedError, ActorUnavailableError, OutOfMemoryError))
+
     def failed(self, index: int, error: BaseException) -> str:
         """One line on rollout worker ``index``'s failure: where it ran and how it died, or its error."""
-        from ray.exceptions import ActorDiedError, OutOfMemoryError
-
         where = self.where[index]
-        what = (f"died: {death_cause(error)}" if isinstance(error, (ActorDiedError, OutOfMemoryError))
+        what = (f"died: {death_cause(error)}" if self.is_death(error)
                 else f"failed: {str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}")
-        return f"rollout worker {index} (pid {where['pid']} on {where['host']}) {what}"
+        process = "a replacement starting" if where["pid"] is None else f"pid {where['pid']}"
+        return f"rollout worker {index} ({process} on {where['host']}) {what}"
 
     def stop(self) -> None:
         """Let each worker stop its engine (its exit frees the engine's shared memory), then end the processes. A

@@ -217,6 +217,8 @@ class ActorWorker(Worker):
         if self.coords.rank == 0:
             from rlcore.weight_sync.push import WeightPushSender
 
+            if self.pusher is not None:     # the channel to the rollout workers before one died or joined
+                self.pusher.close()
             self.pusher = WeightPushSender(address, receivers, int(self.cfg.rollout.sync_bucket_mb * (1 << 20)),
                                            self.cfg.rollout.sync_transport)
 
@@ -231,7 +233,12 @@ class ActorWorker(Worker):
             for _ in weights:
                 pass
             return {}
-        stats = self.pusher.send(weights, version)
+        try:
+            stats = self.pusher.send(weights, version)
+        except Exception:       # a receiver died: the other ranks' gathers of the stream still run to its end
+            for _ in weights:
+                pass
+            raise
         return {"sync/seconds": stats.seconds, "sync/bytes": float(stats.bytes), "sync/tensors": float(stats.tensors)}
 
     # --- the rest --------------------------------------------------------------------------------------------
