@@ -1,4 +1,5 @@
-"""`rlcore run`, `rlcore train-rm`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`, and the
+"""`rlcore run`, `rlcore train-rm`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`,
+`rlcore scale`, and the
 commands and `rlcore run` flags plugins add (``rlcore_commands``, ``rlcore_run_dialects``). User mistakes print one
 line and exit 2; nothing else changes."""
 from __future__ import annotations
@@ -260,6 +261,14 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_scale(args) -> int:
+    from rlcore.rollout.scaling import request_scale
+
+    path = request_scale(args.run_dir, args.setting)
+    print(f"wrote {path}: the run resizes at its next step (rollout/workers_alive, rollout/workers_added|removed)")
+    return 0
+
+
 def build_parser(loaded=None) -> argparse.ArgumentParser:
     """The core's commands, and the commands and ``rlcore run`` flags of ``loaded`` (plugins, when loaded)."""
     registry = loaded.registry if loaded is not None else None
@@ -332,6 +341,11 @@ def build_parser(loaded=None) -> argparse.ArgumentParser:
     conv.add_argument("--family", help="model plugin (default: the one registered for the checkpoint's architecture)")
     conv.add_argument("--plugins", help="the entry points to load its model family from (default: every installed)")
     conv.set_defaults(func=cmd_convert)
+    scale = sub.add_parser("scale", help="add or remove rollout workers of a running async job: rlcore scale "
+                           "<run dir> rollout=<n>")
+    scale.add_argument("run_dir")
+    scale.add_argument("setting", metavar="rollout=N")
+    scale.set_defaults(func=cmd_scale)
     return parser
 
 

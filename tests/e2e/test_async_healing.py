@@ -1,18 +1,23 @@
-"""Async mode heals its rollout side (real vLLM in Ray rollout workers, real megatron-core trainer): rollout workers
-SIGKILLed at random while the run trains are replaced, their groups start again on the others, and the run finishes
-every step — each prompt trained once at most, every draw before the last ones trained whole (a ledger of the
-prompt ids each step trained, written by a plugin's ``rlcore_rollout_end`` hook), the staleness bound held, nothing
-left running after it."""
+"""Async mode heals and resizes its rollout side (real vLLM in Ray rollout workers, real megatron-core trainer): rollout
+workers SIGKILLed at random while the run trains are replaced, their groups start again on the others, and the run
+finishes every step; `rlcore scale` adds a worker to a running job and removes one. Throughout, each prompt is
+trained once at most and every draw before the last ones whole (a ledger of the prompt ids each step trained,
+written by a plugin's ``rlcore_rollout_end`` hook), the staleness bound holds, the engine check holds on every worker
+(new ones included) and nothing is left running after the run."""
 import glob
 import json
 import os
 import random
+import re
 import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from runs import ENV, async_quickstart, install_distribution, logged, ray_workers, run_processes, start, wait_until
+from runs import (ENV, async_quickstart, install_distribution, logged, ray_workers, run_cli, run_processes, start,
+                  wait_until)
 from test_async_failures import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
@@ -33,19 +38,29 @@ def rlcore_rollout_end(step, batch):
 BATCH, N = 16, 8          # the quickstart's trainer.prompts_per_step and rollout.n
 
 
-def ledger_run(tmp_path, cache, kills_after: list[int], steps: int, seed: int, *extra):
-    """An async run with two rollout workers and the ledger plugin; a random rollout worker (serving, or a replacement
-    still starting) SIGKILLed once each of ``kills_after`` steps is logged. Returns the run dir, its exit code, stderr,
-    the ledger, the victims' pids and the run's processes seen last."""
+def ledger_env(tmp_path) -> tuple[dict, Path]:
+    """The environment of a run with the ledger plugin, and the ledger it writes."""
     site, ledger = tmp_path / "site", tmp_path / "ledger.jsonl"
     site.mkdir()
     install_distribution(site, "rlcore-ledger", "ledger_plugin", LEDGER_PLUGIN.format(ledger=str(ledger)),
                          entry="ledger")
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}
+    return {**ENV, "PYTHONPATH": os.pathsep.join([str(site), ENV.get("PYTHONPATH", "")])}, ledger
+
+
+def two_workers(tmp_path, cache, steps: int, env: dict, stderr):
+    """An async run with two rollout workers, the engine checked after every push, and the ledger plugin."""
+    return start(async_quickstart(tmp_path / "run", cache, "rollout.world_size=2", "trainer.check_logprobs_every=1",
+                                  plugins="qwen3,grpo,vllm,ledger", steps=steps), stderr=stderr, env=env)
+
+
+def ledger_run(tmp_path, cache, kills_after: list[int], steps: int, seed: int):
+    """An async run with two rollout workers and the ledger plugin; a random rollout worker (serving, or a replacement
+    still starting) SIGKILLed once each of ``kills_after`` steps is logged. Returns the run dir, its exit code, stderr,
+    the ledger, the victims' pids and the run's processes seen last."""
+    env, ledger = ledger_env(tmp_path)
     run_dir, chosen, victims = tmp_path / "run", random.Random(seed), []
     with open(tmp_path / "stderr", "w") as stderr:
-        run = start(async_quickstart(run_dir, cache, "rollout.world_size=2", "trainer.check_logprobs_every=1", *extra,
-                                     plugins="qwen3,grpo,vllm,ledger", steps=steps), stderr=stderr, env=env)
+        run = two_workers(tmp_path, cache, steps, env, stderr)
         try:
             for after in kills_after:
                 workers = wait_until(run, lambda: len(logged(run_dir)) >= after
@@ -59,8 +74,11 @@ def ledger_run(tmp_path, cache, kills_after: list[int], steps: int, seed: int, *
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
-    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
-    return run_dir, code, (tmp_path / "stderr").read_text(), lines, victims, seen
+    return run_dir, code, (tmp_path / "stderr").read_text(), read_ledger(ledger), victims, seen
+
+
+def read_ledger(ledger: Path) -> list[dict]:
+    return [json.loads(line) for line in ledger.read_text().splitlines()]
 
 
 def check_ledger(lines: list[dict], steps: int) -> None:
@@ -97,10 +115,58 @@ def test_rollout_workers_killed_at_random_are_replaced_and_the_run_trains_each_p
     assert err.count("a replacement is starting") == len(victims), err[-4000:]
     assert max(h["rollout/workers_alive"] for h in history[-5:]) >= 1
     # a replacement served: the engine check after each push held on every worker, new ones included
-    assert "serving again" in err, err[-4000:]
+    assert re.search(r"rollout worker \d serving \(weights v\d+\)", err), err[-4000:]
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
     assert not outliving([p for p in seen if p.pid not in victims], within=30)
-    new = set(glob.glob("/dev/shm/rlcore-*")) - shm_before
+    assert not segments_left(shm_before)
+
+
+def segments_left(before: set[str]) -> list[str]:
+    """The /dev/shm segments of rlcore made since ``before`` and still there."""
+    new = set(glob.glob("/dev/shm/rlcore-*")) - before
     if new:
         time.sleep(2)            # a segment of another test's run lives for milliseconds (created, mapped, unlinked)
-    assert not [p for p in new if os.path.exists(p)]
+    return [p for p in new if os.path.exists(p)]
+
+
+def test_rlcore_scale_adds_a_rollout_worker_to_a_running_job_and_removes_one(tmp_path, warm_start_cache):
+    """Scaled to 3 workers at step 3: the new one serves with the weights of the step it joined at (the engine check
+    on it); scaled back to 2 once it serves: one retires; then SIGTERM stops the run (checkpointed, nothing left)."""
+    env, ledger = ledger_env(tmp_path)
+    run_dir, shm_before = tmp_path / "run", set(glob.glob("/dev/shm/rlcore-*"))
+    err = tmp_path / "stderr"
+
+    def scale(size: int) -> int:
+        result = run_cli([sys.executable, "-m", "rlcore.cli", "scale", str(run_dir), f"rollout={size}"])
+        assert result.returncode == 0, result.stderr
+        return len(logged(run_dir))
+
+    with open(err, "w") as stderr:
+        run = two_workers(tmp_path, warm_start_cache, 1000, env, stderr)
+        try:
+            wait_until(run, lambda: len(logged(run_dir)) >= 3, timeout=600)
+            asked = scale(3)
+            joined = wait_until(run, lambda: re.search(r"rollout worker 2 serving \(weights v(\d+)\)", err.read_text()),
+                                timeout=600)
+            shrunk = scale(2)
+            wait_until(run, lambda: "retired" in err.read_text() and len(logged(run_dir)) >= shrunk + 3, timeout=600)
+            seen = run_processes(run.pid)
+            os.kill(run.pid, signal.SIGTERM)
+            code = run.wait(timeout=120)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+    text = err.read_text()
+    assert code == 143, text[-4000:]
+    history = logged(run_dir)
+    steps = len(history)
+    check_ledger(read_ledger(ledger), steps)
+    assert sum(h["rollout/workers_added"] for h in history) == 1 == sum(h["rollout/workers_removed"] for h in history)
+    alive = [h["rollout/workers_alive"] for h in history]
+    assert alive[:asked] == [2.0] * asked and 3.0 in alive[asked:] and alive[-1] == 2.0, alive
+    assert int(joined[1]) >= asked, (joined[0], asked)      # the current weights, not those the run started with
+    assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
+    assert all(h["async/staleness_max"] <= 1 for h in history)
+    assert "Traceback" not in text, text[-4000:]
+    assert not outliving(seen, within=30)
+    assert not segments_left(shm_before)

@@ -3,7 +3,7 @@ the workers (``rlcore.workers.proxies`` and ``rlcore.workers.rollout_worker`` im
 hands them over)."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -40,7 +40,8 @@ class Weights(Protocol):
 
 class EngineWorkers(Protocol):
     """Async mode's rollout workers (``RolloutWorkers``), by slot: each call returns one Ray reference per worker it
-    names (``members``, slots in order) at once. A slot's worker may die and be replaced (``rlcore.rollout.healing``)."""
+    names (``members``, slots in order) at once. A slot's worker may die and be replaced, slots be added or retired
+    (``rlcore.rollout.roster``)."""
     world: int                # slots
     where: list[dict]         # per slot: its worker's pid, host, and whether its engine started without weights
 
@@ -60,7 +61,9 @@ class EngineWorkers(Protocol):
 
     def is_death(self, error: BaseException) -> bool: ...
 
-    def replace(self, index: int) -> Any: ...
+    def start_worker(self, index: int, started: Callable[[dict | None, BaseException | None], None]) -> None: ...
+
+    def stop_worker(self, index: int) -> None: ...
 
 
 class RewardModelWorkers(Protocol):

@@ -2,7 +2,7 @@
 workers as far as admission allows (``rlcore.rollout.staleness``) and puts each finished group into a buffer, which
 the queued source (``rlcore.rollout.queued``) takes from on the loop's thread. Everything the two threads share
 (the buffer, what runs, admission, the draw ledger, the first error) is read and written under ``changed``. A group
-whose worker dies before it finishes is started again on another (``rlcore.rollout.healing``), from its prompt and
+whose worker dies before it finishes is started again on another (``rlcore.rollout.roster``), from its prompt and
 seeds: trained whole once, or not at all."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rlcore.config import Config
 from rlcore.errors import WorkerDied
 from rlcore.rollout.draws import DrawLedger
 from rlcore.rollout.handles import EngineWorkers
-from rlcore.rollout.healing import Healer
+from rlcore.rollout.roster import Roster
 from rlcore.rollout.source import prompt_seeds
 from rlcore.rollout.staleness import Admission
 from rlcore.specs import Sampling, Task
@@ -40,13 +40,13 @@ class Producer:
     """Draws prompts as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
     seeded ``prompt_seeds(.., "train", d, 1)``) and starts their groups on the least loaded rollout worker."""
 
-    def __init__(self, cfg: Config, rollout: EngineWorkers, healer: Healer, task: Task,
+    def __init__(self, cfg: Config, rollout: EngineWorkers, roster: Roster, task: Task,
                  encode: Callable[[str, dict], tuple[list[int], dict]], sampling: Sampling):
         """``encode``: a row's prompt text and metadata -> its tokens and its episodes' metadata
-        (``Source.encode_prompt``); ``sampling``: how every request samples; ``healer``: which workers serve."""
+        (``Source.encode_prompt``); ``sampling``: how every request samples; ``roster``: which workers serve."""
         self.cfg, self.rollout, self.encode, self.sampling = cfg, rollout, encode, sampling
-        self.healer = healer
-        healer.on_change, healer.on_fatal = self._roster_changed, self.fail
+        self.roster = roster
+        roster.on_change, roster.on_fatal = self._roster_changed, self.fail
         self.batch = cfg.trainer.prompts_per_step
         self.admission = Admission(cfg.rollout.max_staleness, self.batch, cfg.actor.mini_batches * cfg.actor.epochs)
         self.buffer: collections.deque[Produced] = collections.deque()
@@ -71,11 +71,11 @@ class Producer:
         try:
             while True:
                 with self.changed:
-                    wave = self._next_prompts(self.admission.capacity()) if self.healer.serving() else []
+                    wave = self._next_prompts(self.admission.capacity()) if self.roster.serving() else []
                     self.admission.start(len(wave))
                     version = self.admission.version
                     self.running[version] += len(wave)
-                picked = self.healer.pick(len(wave)) if wave else None
+                picked = self.roster.pick(len(wave)) if wave else None
                 if picked is None:
                     self._requeue(wave, version)       # nobody serves (a worker died just now): started later
                     self.wake.clear()
@@ -122,18 +122,18 @@ class Producer:
                         self.admission.finish(kept=True)
                         self.counts["tokens"] += sum(sum(t.loss_mask) for t in group)
                     self.changed.notify_all()
-                self.healer.finished(worker, generation)
+                self.roster.finished(worker, generation)
                 self.poke()
         except asyncio.CancelledError:
             raise
         except BaseException as e:
-            stop = self.healer.lost(worker, generation, e)
+            stop = self.roster.lost(worker, generation, e)
             if stop is not None:
                 self.fail(stop)
                 return
             lost = [w for i, w in enumerate(wave) if i not in finished]
             self._requeue(lost, version)
-            self.healer.reissued(len(lost) * self.cfg.rollout.n)
+            self.roster.reissued(len(lost) * self.cfg.rollout.n)
 
     def _requeue(self, wave: list, version: int) -> None:
         """Groups of ``wave`` that will not finish where they started: first in line to start again (their places
@@ -180,7 +180,7 @@ class Producer:
         while no worker serves and a new one waits for the weights (only the consumer can push them)."""
         with self.changed:
             while (at := self._oldest()) is None and self.error is None:
-                if self.healer.waiting_for_weights():
+                if self.roster.waiting_for_weights():
                     return None
                 self.changed.wait()
             if self.error is not None or at is None:
@@ -224,7 +224,7 @@ class Producer:
 
     def close(self) -> None:
         """Cancel the requests in flight and stop the loop (before the rollout workers stop)."""
-        self.healer.stop()
+        self.roster.stop()
         if self.loop is None:
             return
         loop, self.loop = self.loop, None

@@ -4,8 +4,8 @@ on the rollout workers as far as admission allows (``rlcore.rollout.staleness``)
 a buffer; the loop's ``next_groups`` takes a step's groups from it, scores them (on the driver's main thread, as the
 colocated source does) and drops those the filter refuses, which gives their places back to the producer. After each
 update the learner's weights are pushed to every rollout worker (``push_weights``). A rollout worker that dies is
-healed (``rlcore.rollout.healing``): its groups start again elsewhere, its replacement joins at the next push (the
-push channel is reopened whenever its members change).
+healed (``rlcore.rollout.roster``): its groups start again elsewhere, its replacement joins at the next push (the
+push channel is reopened whenever its members change); ``rlcore scale`` resizes it between steps.
 
 Prompts are drawn as the colocated source draws a step's first round (draw d: ``task.train_prompts(d, batch)``,
 seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw order, so that with
@@ -24,7 +24,8 @@ from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import EngineWorkers, Weights
-from rlcore.rollout.healing import Healer
+from rlcore.rollout.roster import Roster
+from rlcore.rollout.scaling import ScaleRequests
 from rlcore.rollout.producer import Produced, Producer
 from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
@@ -42,8 +43,9 @@ class QueuedSource(Source):
         super().__init__(cfg, task, tokenizer, max_len, rewards, keep_group, agent_metrics, images)
         self.rollout = rollout
         self.batch = cfg.trainer.prompts_per_step
-        self.healer = Healer(rollout, cfg.rollout.replace_dead)
-        self.producer = Producer(cfg, rollout, self.healer, task, self.encode_prompt,
+        self.roster = Roster(rollout, cfg.rollout.replace_dead)
+        self.scale = ScaleRequests(cfg.run.dir)
+        self.producer = Producer(cfg, rollout, self.roster, task, self.encode_prompt,
                                  self.sampling(cfg.rollout.temperature))
         self.weights: Weights | None = None       # the learner's (its first push_weights opens the channel)
         self.channel: list[tuple[int, int]] = []  # the rollout workers the push channel was opened with
@@ -59,6 +61,9 @@ class QueuedSource(Source):
         """``trainer.prompts_per_step`` groups the filter keeps, in draw order, taken as they come (at most
         ``rollout.max_sampling_rounds`` times that many looked at); every group sampled for the step is scored."""
         cfg = self.cfg
+        size = self.scale.wanted()                            # rlcore scale: another number of rollout workers
+        if size is not None:
+            self.roster.resize(size)
         self.producer.advance(step, version, self.pushed)     # the weights pushed so far are on the engines
         metrics: dict[str, float] = {}
         kept: list[Produced] = []
@@ -88,7 +93,7 @@ class QueuedSource(Source):
             else:
                 self.producer.give_back()
         metrics.update(self._rates(timer.seconds["wait"] - waited_before))
-        metrics.update(self.healer.metrics())
+        metrics.update(self.roster.metrics())
         kept.sort(key=lambda p: (p.draw, p.index))
         for g, produced in enumerate(kept):
             for t in produced.group:
@@ -133,7 +138,7 @@ class QueuedSource(Source):
         return metrics
 
     def _ask_stats(self) -> tuple[list, list]:
-        members = self.healer.serving()
+        members = self.roster.serving()
         return members, self.rollout.stats([slot for slot, _ in members])
 
     def _gather(self, members: list[tuple[int, int]], refs: list) -> dict[int, Any]:
@@ -150,7 +155,7 @@ class QueuedSource(Source):
         return results
 
     def _lost(self, slot: int, generation: int, error: BaseException) -> None:
-        stop = self.healer.lost(slot, generation, error)
+        stop = self.roster.lost(slot, generation, error)
         if stop is not None:
             self.producer.fail(stop)
             raise WorkerDied(stop) from None
@@ -184,7 +189,7 @@ class QueuedSource(Source):
         metrics: dict[str, float] = {}
         first = self.weights is None
         self.weights, self.learner = weights, (version, step)
-        if first or step % self.cfg.rollout.sync_every == 0 or self.healer.joining():
+        if first or step % self.cfg.rollout.sync_every == 0 or self.roster.joining():
             self._push(timer or Timer(), metrics)
         return metrics
 
@@ -207,7 +212,7 @@ class QueuedSource(Source):
         without it."""
         version, step = self.learner
         weights = self.weights
-        if version == self.pushed and not self.healer.joining():
+        if version == self.pushed and not self.roster.joining():
             return
         if weights is None:
             raise RuntimeError("the queued source has no weights to push: the loop hands them over (push_weights) "
@@ -222,7 +227,7 @@ class QueuedSource(Source):
                                                 probe[2])
         with timer("sync"):
             while True:
-                members = self._awaited(self.healer.members)
+                members = self._awaited(self.roster.members)
                 if members != self.channel:
                     self._open_push(weights, members)
                     continue        # a member may have died while it opened
@@ -236,7 +241,7 @@ class QueuedSource(Source):
                 results = self._gather(members, received)
                 if results:         # else every receiver died after the sender was done: again, to the new ones
                     break
-        self.healer.pushed(members)
+        self.roster.pushed(members, version)
         self.pushed = version
         metrics.update(sent)
         metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
@@ -290,7 +295,7 @@ class QueuedSource(Source):
 
     def _serving(self) -> list[tuple[int, int]]:
         """The serving rollout workers; while none serves, a replacement is waited for and pushed the weights."""
-        while not (members := self._awaited(self.healer.serving, self.healer.joining)):
+        while not (members := self._awaited(self.roster.serving, self.roster.joining)):
             self._push(Timer(), {})
         return members
 

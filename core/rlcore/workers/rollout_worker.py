@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
@@ -171,26 +172,60 @@ class RolloutWorkers:
         self.world = cfg.rollout.world_size // tp
         self.placement = placement_group([{"CPU": tp}] * self.world, strategy=cfg.trainer.placement.upper())
         ray.get(self.placement.ready())
+        self.added: dict[int, Any] = {}      # slots added to a running job (rlcore scale): their placement groups
         self.workers: list[Any] = [self._actor(i) for i in range(self.world)]
-        self.where = ray.get([w.start.remote() for w in self.workers])
+        self.where: list[dict] = ray.get([w.start.remote() for w in self.workers])
 
     def _actor(self, index: int) -> Any:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        placement, bundle = (self.added[index], 0) if index in self.added else (self.placement, index)
         remote_cls = ray.remote(num_cpus=self.cfg.rollout.tp)(RolloutWorker)
-        return remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, index),
+        return remote_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(placement, bundle),
                                   runtime_env=WORKER_ENV).remote(self.cfg, self.plugin_names, self.model_path, index)
 
-    def replace(self, index: int) -> Any:
-        """A new worker in slot ``index`` (its old one dead: ended, in case it only seems so); the reference to its
-        ``start`` (where it runs), ready when its engine is built."""
+    def start_worker(self, index: int, started: Callable[[dict | None, BaseException | None], None]) -> None:
+        """A new worker in slot ``index``: in place of a dead one (ended, in case it only seems so), in its bundle of
+        the placement group; or in a new slot (``index`` = the number of slots), in a placement group of its own.
+        ``started(where, error)`` is called once its engine is built (where it runs), or its start failed, from a
+        thread of its own (never from Ray's: a Ray call in a Ray callback deadlocks the driver)."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        if index < len(self.workers):
+            ray.kill(self.workers[index])
+        else:
+            self.added[index] = placement_group([{"CPU": self.cfg.rollout.tp}])
+            self.workers.append(None)
+            self.where.append(dict(self.where[0]))
+        self.where[index] = {**self.where[index], "pid": None}      # known once it has started
+        self.workers[index] = self._actor(index)
+        ref = self.workers[index].start.remote()
+
+        def wait() -> None:
+            try:
+                where = ray.get(ref)
+            except Exception as e:
+                started(None, e)
+            else:
+                self.where[index] = where
+                started(where, None)
+
+        threading.Thread(target=wait, name=f"rlcore-start-rollout-{index}", daemon=True).start()
+
+    def stop_worker(self, index: int) -> None:
+        """Retire slot ``index``'s worker: its engine stopped (freeing its shared memory), then its process ended,
+        on a thread of its own."""
         import ray
 
-        ray.kill(self.workers[index])
-        self.workers[index] = self._actor(index)
-        self.where[index] = {**self.where[index], "pid": None}      # known once it has started
-        return self.workers[index].start.remote()
+        worker = self.workers[index]
+
+        def stop() -> None:
+            ray.wait([worker.stop.remote()], timeout=60)
+            ray.kill(worker)
+
+        threading.Thread(target=stop, name=f"rlcore-stop-rollout-{index}", daemon=True).start()
 
     def _each(self, method: Callable[..., Any], members: list[int], per_worker: list[tuple]) -> list:
         return [getattr(self.workers[i], method.__name__).remote(*a) for i, a in zip(members, per_worker)]
@@ -241,4 +276,5 @@ class RolloutWorkers:
         ray.wait(stops, num_returns=len(stops), timeout=60)
         for w in self.workers:
             ray.kill(w)
-        ray.util.remove_placement_group(self.placement)
+        for placement in (self.placement, *self.added.values()):
+            ray.util.remove_placement_group(placement)

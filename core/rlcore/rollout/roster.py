@@ -1,15 +1,19 @@
-"""Async mode's rollout workers as a roster that loses and regains members while the run goes on: the one place the
-rollout side heals (``rlcore.rollout.producer`` and ``rlcore.rollout.queued`` ask it where to send work and tell it
-what failed).
+"""Async mode's rollout workers as a roster that loses, regains, gains and sheds members while the run goes on: the
+one place the rollout side heals and resizes (``rlcore.rollout.producer`` and ``rlcore.rollout.queued`` ask it where
+to send work and tell it what failed; ``rlcore scale`` asks it for another size).
 
-A worker's slot goes serving -> dead when a call on it fails with a death (killed, out of memory, node gone: the
+A slot goes serving -> dead when a call on its worker fails with a death (killed, out of memory, node gone: the
 handle's ``is_death``); with ``rollout.replace_dead`` a new worker starts in the slot (starting), then waits for the
 learner's weights (joining), which the queued source pushes to every serving and joining worker at its next push
 (reopening the push channel with the new members); after that push it serves. Its groups in flight on the dead one
 are started again elsewhere from their prompts (the producer re-issues them: a group is trained whole or not at
-all). A worker's own error (not a death) still stops the run, as does a slot's replacement failing to start (no
-crash loop) once no worker is left. Each slot's worker has a generation, so that the late failures of a dead
-worker's other calls are not taken for its replacement's."""
+all). A worker's own error (not a death) still stops the run, as does the last slot's replacement failing to start
+(an error, or ``MAX_FAILED_STARTS`` deaths in a row: no crash loop). Each slot's worker has a generation, so that the
+late failures of a dead worker's other calls are not taken for its replacement's.
+
+``resize(n)``: a larger size adds slots, each starting as a replacement does; a smaller one retires slots (those not
+serving yet first, then the newest): a retiring worker takes no new groups, finishes those it has (drains), then
+stops (retired)."""
 from __future__ import annotations
 
 import logging
@@ -21,7 +25,8 @@ from rlcore.rollout.handles import EngineWorkers
 
 log = logging.getLogger(__name__)
 
-SERVING, STARTING, JOINING, DEAD = "serving", "starting", "joining", "dead"
+SERVING, STARTING, JOINING, RETIRING, DEAD, RETIRED = "serving", "starting", "joining", "retiring", "dead", "retired"
+LIVE = (SERVING, STARTING, JOINING)
 MAX_FAILED_STARTS = 3     # replacements of a slot in a row that may die starting (a start's error: none again)
 
 
@@ -33,7 +38,7 @@ class Slot:
     failed_starts: int = 0    # replacements in a row that died starting; one that fails with an error ends the slot
 
 
-class Healer:
+class Roster:
     """The rollout workers' states, loads and counters, shared by the producer's thread and the loop's (under a lock
     of its own); ``on_change``: called when a worker may take work again (the producer's wake-up); ``on_fatal``:
     with the line that stops the run, when the last replacement failed to start."""
@@ -43,7 +48,7 @@ class Healer:
         self.rollout, self.replace_dead, self.on_change, self.on_fatal = rollout, replace_dead, on_change, on_fatal
         self.slots = [Slot() for _ in range(rollout.world)]
         self.lock = threading.Lock()
-        self.counts = {"restarts": 0, "requests_reissued": 0}     # since the last ``metrics``
+        self.counts = dict.fromkeys(COUNTED, 0)         # since the last ``metrics``
         self.stopped = False
 
     # --- where work goes ---------------------------------------------------------------------------------------------
@@ -58,17 +63,24 @@ class Healer:
             return slot, self.slots[slot].generation
 
     def finished(self, slot: int, generation: int, groups: int = 1) -> None:
+        """``groups`` ended on the worker (done, or lost with it); a retiring one stops once it has none."""
         with self.lock:
-            if self.slots[slot].generation == generation:
-                self.slots[slot].load -= groups
+            s = self.slots[slot]
+            if s.generation != generation:
+                return
+            s.load -= groups
+            drained = s.state == RETIRING and s.load <= 0
+        if drained:
+            self._retire(slot, generation)
 
     def serving(self) -> list[tuple[int, int]]:
         """The serving workers (slot, generation)."""
         return self._in(SERVING)
 
     def members(self) -> list[tuple[int, int]]:
-        """The workers a push goes to (slot, generation): those serving and those waiting for weights to serve."""
-        return self._in(SERVING, JOINING)
+        """The workers a push goes to (slot, generation): those serving (retiring ones too: they finish their groups
+        with the weights the others have) and those waiting for weights to serve."""
+        return self._in(SERVING, RETIRING, JOINING)
 
     def _in(self, *states: str) -> list[tuple[int, int]]:
         with self.lock:
@@ -84,15 +96,15 @@ class Healer:
             states = {s.state for s in self.slots}
             return SERVING not in states and JOINING in states
 
-    def pushed(self, members: list[tuple[int, int]]) -> None:
-        """``members`` hold the learner's weights now: those that joined serve."""
+    def pushed(self, members: list[tuple[int, int]], version: int) -> None:
+        """``members`` hold the learner's weights (``version``) now: those that joined serve."""
         with self.lock:
             joined = [i for i, g in members if self.slots[i].state == JOINING and self.slots[i].generation == g]
             for i in joined:
                 self.slots[i].state = SERVING
+        for i in joined:
+            log.warning("rollout worker %d serving (weights v%d)", i, version)
         if joined:
-            log.warning("rollout worker%s %s serving again", "s" if len(joined) > 1 else "",
-                        ", ".join(map(str, joined)))
             self.on_change()
 
     # --- failures ----------------------------------------------------------------------------------------------------
@@ -105,12 +117,13 @@ class Healer:
             return what
         with self.lock:
             s = self.slots[slot]
-            if s.generation != generation or s.state == DEAD:     # heard of already
+            if s.generation != generation or s.state in (DEAD, RETIRED):     # heard of already
                 return self._none_left(what)
-            s.state, s.load = DEAD, 0
-            replace = self.replace_dead and s.failed_starts < MAX_FAILED_STARTS and not self.stopped
+            replace = (self.replace_dead and s.state != RETIRING and s.failed_starts < MAX_FAILED_STARTS
+                       and not self.stopped)
+            s.state, s.load = (STARTING if replace else RETIRED if s.state == RETIRING else DEAD), 0
             if replace:
-                s.state, s.generation = STARTING, s.generation + 1
+                s.generation += 1
                 self.counts["restarts"] += 1
             message = self._none_left(what)
         if message is None:
@@ -132,7 +145,7 @@ class Healer:
         return stop
 
     def _none_left(self, what: str) -> str | None:
-        if any(s.state != DEAD for s in self.slots):
+        if any(s.state in (*LIVE, RETIRING) for s in self.slots):
             return None
         return (f"{what}; no rollout worker is left (rollout.replace_dead={str(self.replace_dead).lower()}"
                 f"{'' if self.replace_dead else ': set it true to replace dead workers'})")
@@ -142,41 +155,77 @@ class Healer:
             self.counts["requests_reissued"] += requests
 
     def _start(self, slot: int) -> None:
-        """A new worker in ``slot``, started on Ray's threads: joining once its engine is built."""
+        """A new worker in ``slot``: joining once its engine is built."""
         with self.lock:
             generation = self.slots[slot].generation
-        future = self.rollout.replace(slot).future()
 
-        def started(done) -> None:
-            error = done.exception()
+        def started(where: dict | None, error: BaseException | None) -> None:
             with self.lock:
                 s = self.slots[slot]
-                if s.generation != generation or s.state != STARTING:
+                if s.generation != generation or s.state != STARTING:    # retired meanwhile
                     return
                 if error is None:
                     s.state, s.failed_starts = JOINING, 0
-                    self.rollout.where[slot] = done.result()
                 else:
                     s.failed_starts = s.failed_starts + 1 if self.rollout.is_death(error) else MAX_FAILED_STARTS
+                again = s.failed_starts < MAX_FAILED_STARTS
             if error is None:
                 self.on_change()
                 return
-            stop = self.lost(slot, generation, error) if s.failed_starts < MAX_FAILED_STARTS else self._ended(slot, error)
+            stop = self.lost(slot, generation, error) if again else self._ended(slot, error)
             if stop is not None:
                 self.on_fatal(stop)
 
-        future.add_done_callback(started)
+        self.rollout.start_worker(slot, started)
+
+    # --- size --------------------------------------------------------------------------------------------------------
+    def resize(self, workers: int) -> None:
+        """``workers`` live rollout workers from now: new slots start, or the surplus retires (``rlcore scale``)."""
+        with self.lock:
+            live = [i for i, s in enumerate(self.slots) if s.state in LIVE]
+            surplus = sorted(live, key=lambda i: (self.slots[i].state == SERVING, -i))[:max(0, len(live) - workers)]
+            added = list(range(len(self.slots), len(self.slots) + max(0, workers - len(live))))
+            self.slots += [Slot(STARTING) for _ in added]
+            idle = []
+            for i in surplus:
+                s = self.slots[i]
+                if s.state == SERVING and s.load > 0:
+                    s.state = RETIRING          # drains: no new groups
+                else:
+                    s.generation += 1           # a start under way is ignored when it ends
+                    idle.append((i, s.generation))
+            self.counts["workers_added"] += len(added)
+            self.counts["workers_removed"] += len(surplus)
+        if added or surplus:
+            log.warning("rollout workers: %d live, %s", workers,
+                        f"{len(added)} starting" if added else f"{len(surplus)} retiring")
+        for i in added:
+            self._start(i)
+        for i, generation in idle:
+            self._retire(i, generation, drained=False)
+
+    def _retire(self, slot: int, generation: int, drained: bool = True) -> None:
+        with self.lock:
+            s = self.slots[slot]
+            if s.generation != generation or s.state == RETIRED:
+                return
+            s.state = RETIRED
+        log.warning("rollout worker %d retired%s", slot, " (drained)" if drained else "")
+        self.rollout.stop_worker(slot)
 
     # --- reports -----------------------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
-        """Workers serving now; replacements started and requests re-issued since the last call."""
+        """Workers serving now; replacements started, requests re-issued, workers added and removed since the last
+        call."""
         with self.lock:
-            counts, self.counts = self.counts, {"restarts": 0, "requests_reissued": 0}
-            alive = sum(s.state == SERVING for s in self.slots)
-        return {"rollout/workers_alive": float(alive), "rollout/restarts": float(counts["restarts"]),
-                "rollout/requests_reissued": float(counts["requests_reissued"])}
+            counts, self.counts = self.counts, dict.fromkeys(COUNTED, 0)
+            alive = sum(s.state in (SERVING, RETIRING) for s in self.slots)
+        return {"rollout/workers_alive": float(alive), **{f"rollout/{k}": float(v) for k, v in counts.items()}}
 
     def stop(self) -> None:
         """The run is stopping: no more replacements."""
         with self.lock:
             self.stopped = True
+
+
+COUNTED = ("restarts", "requests_reissued", "workers_added", "workers_removed")
