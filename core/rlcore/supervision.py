@@ -91,17 +91,23 @@ class StopRequest:
 
 
 def end_descendants(within: float) -> None:
-    """This process's descendants (an embedded Ray node and its workers, engines, checkpoint writers): SIGTERM, which
-    lets them free what they hold (shared memory), then SIGKILL for those still running ``within`` seconds later."""
+    """This process's descendants (an embedded Ray node and its workers, engines, checkpoint writers)."""
     import psutil
 
-    descendants = psutil.Process().children(recursive=True)
-    for process in descendants:
+    end_processes(psutil.Process().children(recursive=True), within)
+
+
+def end_processes(processes: list, within: float) -> None:
+    """SIGTERM to ``processes`` (psutil's), which lets them free what they hold (shared memory), then SIGKILL for those
+    still running ``within`` seconds later."""
+    import psutil
+
+    for process in processes:
         try:
             process.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(descendants, timeout=within)
+    _, alive = psutil.wait_procs(processes, timeout=within)
     for process in alive:
         try:
             process.kill()

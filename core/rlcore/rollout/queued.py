@@ -24,9 +24,9 @@ from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
 from rlcore.rollout.handles import EngineWorkers, Weights
+from rlcore.rollout.producer import Produced, Producer
 from rlcore.rollout.roster import Roster
 from rlcore.rollout.scaling import ScaleRequests
-from rlcore.rollout.producer import Produced, Producer
 from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
 from rlcore.timing import Timer

@@ -21,6 +21,7 @@ from rlcore.balance import balanced_partition
 from rlcore.config import Config, reward_model_world
 from rlcore.data import Batch
 from rlcore.errors import PEER_DEATH_WAIT_S, WorkerDied
+from rlcore.supervision import end_processes
 from rlcore.launch import free_port
 from rlcore.workers.worker import Worker
 
@@ -124,13 +125,7 @@ def start_local_ray(**options) -> None:
             if RAY_START_TIMEOUT not in str(error) or attempt == RAY_START_TRIES:
                 raise
         ray.shutdown()
-        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        for process in started:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(started, timeout=10)
+        end_processes([p for p in psutil.Process().children(recursive=True) if p.pid not in before], within=10)
 
 
 class WorkerGroup:
