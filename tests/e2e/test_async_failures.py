@@ -85,11 +85,10 @@ def stopped_with_one_line(code, took, err, others) -> str:
     return err.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("doing", ["stream_groups", "receive_weights"])
-def test_a_killed_rollout_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache, doing):
-    """Killed while it generates, or while it takes a weight push, without replacements (its healing:
+def test_a_killed_rollout_worker_stops_the_run_with_one_line(tmp_path, warm_start_cache):
+    """Killed while it generates, without replacements (their healing, killed generating or taking a push:
     test_async_healing.py)."""
-    victim, code, took, err, others = kill_mid_run(tmp_path, warm_start_cache, "RolloutWorker", 1, doing,
+    victim, code, took, err, others = kill_mid_run(tmp_path, warm_start_cache, "RolloutWorker", 1, "stream_groups",
                                                    "rollout.replace_dead=false")
     last = stopped_with_one_line(code, took, err, others)
     assert re.fullmatch(rf"rlcore: error: rollout worker 0 \(pid {victim.pid} on {HOST}\) died: {KILLED}; no rollout "

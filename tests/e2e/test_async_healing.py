@@ -18,7 +18,7 @@ import pytest
 
 from runs import (ENV, async_quickstart, install_distribution, logged, ray_workers, run_cli, run_processes, start,
                   wait_until)
-from test_async_failures import outliving
+from test_async_failures import outliving, title
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
 
@@ -54,18 +54,20 @@ def two_workers(tmp_path, cache, steps: int, env: dict, stderr):
 
 
 def ledger_run(tmp_path, cache, kills_after: list[int], steps: int, seed: int):
-    """An async run with two rollout workers and the ledger plugin; a random rollout worker (serving, or a replacement
-    still starting) SIGKILLed once each of ``kills_after`` steps is logged. Returns the run dir, its exit code, stderr,
-    the ledger, the victims' pids and the run's processes seen last."""
+    """An async run with two rollout workers and the ledger plugin; a rollout worker SIGKILLed once each of
+    ``kills_after`` steps is logged: the first while it takes a weight push (the push goes on without it), the others
+    at random (serving, or a replacement still starting). Returns the run dir, its exit code, stderr, the ledger, the
+    victims' pids and the run's processes seen last."""
     env, ledger = ledger_env(tmp_path)
     run_dir, chosen, victims = tmp_path / "run", random.Random(seed), []
     with open(tmp_path / "stderr", "w") as stderr:
         run = two_workers(tmp_path, cache, steps, env, stderr)
         try:
-            for after in kills_after:
+            for kill, after in enumerate(kills_after):
+                doing = "ray::RolloutWorker.receive_weights" if kill == 0 else "ray::RolloutWorker"
                 workers = wait_until(run, lambda: len(logged(run_dir)) >= after
-                                     and [p for p in ray_workers(run.pid, "RolloutWorker") if p.pid not in victims],
-                                     timeout=600)
+                                     and [p for p in ray_workers(run.pid, "RolloutWorker")
+                                          if p.pid not in victims and title(p).startswith(doing)], timeout=600)
                 victim = chosen.choice(workers)
                 victims.append(victim.pid)
                 victim.send_signal(signal.SIGKILL)
