@@ -24,6 +24,9 @@ SMOKES = {
     "lora_memory.py": rf"lora optimizer state {RATIO}% of full",
     "reward_model_scoring.py": rf"reward model scoring / plain forward {RATIO}x \(\d+ sequences, \d+ tokens\)",
     "rollout_floor.py": rf"worst per-request/offline {RATIO}x \(vllm (quickstart|long)\)",
+    "rollout_healing.py": rf"rollout_healing: steps/s after losing 1 of 2 rollout workers at step 2: {RATIO} vs "
+                          rf"{RATIO} undisturbed \(ratio {RATIO}\); replacement (serving after {RATIO} s|not serving "
+                          r"by the end)",
     "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
                          r"(NOT )?MET",
     "trl_side_by_side.py": rf"rlcore/TRL step time {RATIO}x, final accuracy {RATIO} vs {RATIO}",
