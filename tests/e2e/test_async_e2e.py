@@ -29,7 +29,7 @@ def comparable(history):
     return [{k: v for k, v in h.items() if not k.startswith(("time/", "sync/", "async/", *ROSTER))} for h in history]
 
 
-ROSTER = ("rollout/workers_alive", "rollout/restarts", "rollout/requests_reissued")
+ROSTER = ("rollout/workers_", "rollout/restarts", "rollout/requests_reissued")
 
 
 def test_staleness_zero_is_the_colocated_run_step_by_step(tmp_path, warm_start_cache):

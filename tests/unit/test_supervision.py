@@ -1,4 +1,4 @@
-"""SIGTERM and restarts as logic (rlcore.supervision; the real runs: tests/e2e/test_supervision.py): the cadence's
+"""SIGTERM and restarts as logic (rlcore.supervision; the real runs: tests/e2e/test_supervision_e2e.py): the cadence's
 answer to whether the run stops after a step (a checkpoint of that step, written once, complete); a real SIGTERM to a
 real process tree, stopped by the process itself within the grace period, or past it by the watchdog with its
 descendants; and what a worker's death restarts, and with which arguments and line."""
