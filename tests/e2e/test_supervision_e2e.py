@@ -73,17 +73,16 @@ def shm_segments() -> set[str]:
     return set(glob.glob("/dev/shm/rlcore-*"))
 
 
-def sigterm_when(tmp_path, cmd, condition, group=False):
-    """Start ``cmd``, SIGTERM its main process (Kubernetes' way; ``group``: its whole process group, as SLURM signals
-    a job step's processes, Ray's own among them) once ``condition()`` holds: the exit code, the seconds it took to
-    exit, its stderr, its processes at the signal, and the /dev/shm segments it left."""
+def sigterm_when(tmp_path, cmd, condition):
+    """Start ``cmd``, SIGTERM its main process (only) once ``condition()`` holds: the exit code, the seconds it took
+    to exit, its stderr, its processes at the signal, and the /dev/shm segments it left."""
     shm_before = shm_segments()
     with open(tmp_path / "stderr", "w") as stderr:
         run = start(cmd, stderr=stderr)
         try:
             wait_until(run, lambda: condition(run))
             processes = run_processes(run.pid)
-            (os.killpg if group else os.kill)(run.pid, signal.SIGTERM)
+            os.kill(run.pid, signal.SIGTERM)
             sent = time.monotonic()
             code = run.wait(timeout=GRACE_S + 60)
             took = time.monotonic() - sent
@@ -127,9 +126,8 @@ def test_sigterm_stops_after_a_checkpoint_of_the_step_and_resume_logs_what_the_u
 
 
 def test_sigterm_stops_an_async_run_after_a_checkpoint_of_the_step(tmp_path, warm_start_cache):
-    """The rollout worker generating for the next steps as the signal comes; no checkpoint before it (save_every 0).
-    The signal goes to the whole process group: Ray's processes, which block it, keep running for the stop."""
+    """The rollout worker generating for the next steps as the signal comes; no checkpoint before it (save_every 0)."""
     run_dir = tmp_path / "run"
     stopped_after_a_checkpoint(run_dir, *sigterm_when(
         tmp_path, async_quickstart(run_dir, warm_start_cache, f"trainer.stop_grace_s={GRACE_S}", steps=50),
-        lambda run: len(logged(run_dir)) >= 2, group=True))
+        lambda run: len(logged(run_dir)) >= 2))

@@ -77,21 +77,15 @@ def death_cause(error: BaseException) -> str:
 
 def start_ray(cfg: Config) -> None:
     """Join ``trainer.ray_address``'s cluster, or start an embedded one, unless Ray runs already. A SIGTERM handler
-    of the run's (`rlcore run`'s: ``rlcore.supervision``) stays: ray.init replaces it with one that exits at once.
-    The embedded node's processes start with SIGTERM blocked (a signal mask survives fork and exec), as Ray blocks
-    SIGINT for them: a SIGTERM to the run's whole process group (SLURM signals every process of a job step) reaches
-    the driver, which stops the run through them, and not its GCS and raylet, whose loss would leave the stop hanging
-    until its grace period ran out; ray.shutdown ends them with SIGKILL after a second."""
+    of the run's (`rlcore run`'s: ``rlcore.supervision``) stays: ray.init replaces it with one that exits at once."""
     import ray
 
     if ray.is_initialized():
         return
     sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})   # Ray's processes start with it blocked
     try:
         _init_ray(cfg)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if callable(sigterm):
             signal.signal(signal.SIGTERM, sigterm)
 
