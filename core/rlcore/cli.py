@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import warnings
-from typing import NoReturn
 
 from rlcore.cli_plugins import plugins_for
 
@@ -70,7 +69,7 @@ def cmd_run(args) -> int:
     torch.set_num_threads(1)
     for dialect, translation in translations:     # saved beside the run's config, so its directory is named now
         dialect.save(translation, run_directory(cfg))
-    stop = supervision.StopRequest(cfg.trainer.stop_grace_s, lambda: _grace_ran_out(cfg))
+    stop = supervision.StopRequest(cfg.trainer.stop_grace_s, lambda: supervision.grace_ran_out(cfg))
     stop.install()                                  # SIGTERM: stop after the step under way (rlcore.supervision)
     restarts = supervision.restarts_so_far()
     run = Run(cfg, plugins, stop, restarts)         # unknown families / algorithms / tasks surface here
@@ -85,7 +84,8 @@ def cmd_run(args) -> int:
     except WorkerDied as e:
         run.close()
         if supervision.may_restart(restarts, cfg.trainer.max_restarts, stop.requested):
-            _restart(args, run, str(e), restarts)
+            _stop_ray()
+            supervision.restart_run(args.argv, args.started_env, run, str(e), restarts)
         raise WorkerDied(f"{e}; {how_to_resume(run.run_dir)}{supervision.budget_used(cfg.trainer.max_restarts)}") \
             from None
     finally:
@@ -98,30 +98,6 @@ def cmd_run(args) -> int:
     print(f"run directory: {summary['run_dir']} (metrics.jsonl, reward_curve.png, summary.json"
           f"{', hf/' if 'export' in summary else ''}{', adapter/' if 'adapter' in summary else ''})")
     return 0
-
-
-def _grace_ran_out(cfg) -> str:
-    """The line a run prints when SIGTERM's grace period ends before its stop did."""
-    from rlcore.checkpoint import how_to_resume
-
-    return (f"rlcore: stopped on SIGTERM: the run did not stop within trainer.stop_grace_s="
-            f"{cfg.trainer.stop_grace_s:g} s, its processes were ended; "
-            f"{how_to_resume(cfg.run.dir) if cfg.run.dir else 'run it again'}")
-
-
-def _restart(args, run, death: str, restarts: list[dict]) -> NoReturn:
-    """``trainer.max_restarts``: the dead attempt's workers are stopped; stop Ray, say why in one line, and run the
-    same command again from the run's newest complete checkpoint (``rlcore.supervision``)."""
-    from rlcore import supervision
-    from rlcore.checkpoint import complete_checkpoints
-
-    found = complete_checkpoints(run.run_dir)
-    newest = found[-1] if found else None
-    _stop_ray()
-    print(supervision.restart_line(death, newest, len(restarts) + 1, run.cfg.trainer.max_restarts), file=sys.stderr)
-    restarts = [*restarts, {"after_step": run.last_step(), "from_step": newest[0] if newest else 0, "why": death}]
-    supervision.restart([*args.argv, *supervision.restart_overrides(run.run_dir, newest is not None)],
-                        args.started_env, restarts)
 
 
 def dry_run(cfg, plugins) -> int:

@@ -157,3 +157,24 @@ def restart(args: list[str], env: dict[str, str], restarts: list[dict]) -> NoRet
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "rlcore.cli", *args],
               {**env, RESTARTS_ENV: json.dumps(restarts)})
+
+
+def restart_run(argv: list[str], env: dict[str, str], run, death: str, restarts: list[dict]) -> NoReturn:
+    """``trainer.max_restarts``: the dead attempt's workers and Ray are stopped; say why in one line and run the same
+    command (``argv``, in ``env``) again from ``run``'s newest complete checkpoint."""
+    from rlcore.checkpoint import complete_checkpoints
+
+    found = complete_checkpoints(run.run_dir)
+    newest = found[-1] if found else None
+    print(restart_line(death, newest, len(restarts) + 1, run.cfg.trainer.max_restarts), file=sys.stderr)
+    restarts = [*restarts, {"after_step": run.last_step(), "from_step": newest[0] if newest else 0, "why": death}]
+    restart([*argv, *restart_overrides(run.run_dir, newest is not None)], env, restarts)
+
+
+def grace_ran_out(cfg) -> str:
+    """The line a run prints when SIGTERM's grace period ends before its stop did."""
+    from rlcore.checkpoint import how_to_resume
+
+    return (f"rlcore: stopped on SIGTERM: the run did not stop within trainer.stop_grace_s="
+            f"{cfg.trainer.stop_grace_s:g} s, its processes were ended; "
+            f"{how_to_resume(cfg.run.dir) if cfg.run.dir else 'run it again'}")
