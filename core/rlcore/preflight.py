@@ -28,6 +28,8 @@ def check_rollout_backend(cfg: Config, registry: Registry, hf_config: dict[str, 
         check_adapter_sync(cfg, backend.lora_adapters, hf_config)
     if registry.get("models", cfg.model.family).vision is not None:
         check_images(cfg, backend.images)
+    if cfg.actor.moe.routing_replay != "off":
+        check_routing_replay(cfg, registry.get("models", cfg.model.family), hf_config, backend.routed_experts, here)
     if backend.check:
         backend.check(hf_config, cfg.rollout, here)
 
@@ -45,6 +47,29 @@ def check_images(cfg: Config, engine_takes_images: bool) -> None:
         raise ConfigError(f"actor.parallel.cp = {cfg.actor.parallel.cp} with the vision-language model.family = "
                           f"{cfg.model.family!r}: its M-RoPE positions are not split over context-parallel ranks "
                           f"yet; use cp=1")
+
+
+def check_routing_replay(cfg: Config, spec: ModelSpec, hf_config: dict[str, Any], engine_devices: tuple[str, ...],
+                         here: bool) -> None:
+    """``actor.moe.routing_replay=rollout`` needs a model with MoE layers and an engine that returns its routes
+    (on this machine's device type, when ``here``)."""
+    import torch
+
+    from rlcore.megatron.model import transformer_config
+
+    key, backend = "actor.moe.routing_replay", cfg.rollout.backend
+    if not transformer_config(spec, hf_config).num_moe_experts:
+        raise ConfigError(f"{key} = {cfg.actor.moe.routing_replay!r} with model.family = {cfg.model.family!r}: the "
+                          f"model has no MoE layers to replay routes in; use {key}=off")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not engine_devices or (here and device not in engine_devices):
+        where = f" on {device} (it does on {', '.join(engine_devices)})" if engine_devices else ""
+        raise ConfigError(f"{key} = 'rollout' with rollout.backend = {backend!r}: that engine cannot return the "
+                          f"experts it routed each token to{where}; use {key}=off, or a backend that can (hf)")
+    if cfg.actor.recompute == "full" and cfg.actor.parallel.pp > 1:
+        raise ConfigError(f"{key} = 'rollout' with actor.recompute = 'full' at actor.parallel.pp = "
+                          f"{cfg.actor.parallel.pp}: the recomputed forward of an earlier micro-batch would replay a "
+                          f"later one's routes; use actor.recompute=selective or none")
 
 
 def check_adapter_sync(cfg: Config, serves_adapters: bool, hf_config: dict[str, Any]) -> None:

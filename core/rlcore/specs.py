@@ -70,12 +70,14 @@ class Completion:
     """One request's response: its tokens, the sampling policy's logprob of each (after temperature),
     ``finish_reason`` ("stop": eos or a stop id, kept as the last token; "length": max_tokens; "abort": aborted,
     with the tokens sampled until then) and ``versions``: the weight versions that sampled its first and its last
-    token (equal unless a weight push came while it was in flight)."""
+    token (equal unless a weight push came while it was in flight). ``routed_experts``: only from an engine started
+    with ``routed_experts=True``, the experts its MoE layers chose per token fed (``rlcore.routed_experts``)."""
     request_id: str
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str
     versions: tuple[int, int] = (0, 0)
+    routed_experts: torch.Tensor | None = None
 
 
 class RolloutBackend(abc.ABC):
@@ -191,12 +193,16 @@ class RolloutBackendSpec:
     ``lora_adapters``: the engine serves LoRA adapters on its base weights (``RolloutBackend.load_adapters``), so
     ``rollout.lora=adapters`` may use it; the factory then gets ``lora_rank=`` (the adapters' rank, to size them).
     ``images``: the engine takes images with its prompts (``RolloutBackend.generate_with_images``): a
-    vision-language model's runs may use it."""
+    vision-language model's runs may use it.
+    ``routed_experts``: the device types ("cpu", "cuda") on which the engine returns the experts its MoE layers
+    routed each token to (``Completion.routed_experts``), so ``actor.moe.routing_replay=rollout`` may use it; the
+    factory then gets ``routed_experts=True``. Empty: none (the option is refused, naming the backend)."""
     name: str
     factory: Callable[..., RolloutBackend]
     check: Callable[[dict, Any, bool], None] | None = None
     lora_adapters: bool = False
     images: bool = False
+    routed_experts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

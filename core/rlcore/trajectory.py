@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from rlcore.data import Batch
+from rlcore.routed_experts import ROUTED_EXPERTS, batch_routes
 
 
 @dataclass
@@ -28,11 +29,16 @@ class Trajectory:
     metadata: dict = field(default_factory=dict)
     continues: bool = False          # a later sample of the previous trajectory's episode (an agent split it): scored
                                      # as one episode with it, each sample trained with the episode's reward
+    routed_experts: torch.Tensor | None = None   # [tokens fed, MoE layers, top_k]: the engine's routes of its first
+                                     # tokens (rlcore.routed_experts), for the learner to replay
 
     def __post_init__(self):
         if not len(self.tokens) == len(self.loss_mask) == len(self.logprobs):
             raise ValueError(f"a trajectory's tokens ({len(self.tokens)}), loss_mask ({len(self.loss_mask)}) and "
                              f"logprobs ({len(self.logprobs)}) must align")
+        if self.routed_experts is not None and len(self.routed_experts) > len(self.tokens):
+            raise ValueError(f"a trajectory's routed experts cover {len(self.routed_experts)} tokens but it has "
+                             f"{len(self.tokens)}")
 
     @staticmethod
     def single_turn(prompt: Sequence[int], response: Sequence[int], logprobs: Sequence[float], **fields
@@ -75,7 +81,8 @@ def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
     """The training batch: right-padded ``input_ids``; per-token tensors aligned with *label* positions (position
     t scores token t + 1): ``response_mask`` (the loss mask; a failed trajectory trains nothing) and
     ``rollout_logprobs``; per row ``prompt_len``, ``response_len``, ``rewards``, ``group_ids`` and ``version``
-    (the oldest weights that sampled it: a row is on-policy only if all of it is). ``meta`` holds each trajectory's metadata."""
+    (the oldest weights that sampled it: a row is on-policy only if all of it is); ``ROUTED_EXPERTS`` by token
+    position when trajectories carry routes. ``meta`` holds each trajectory's metadata."""
     n = len(trajectories)
     width = max(len(t.tokens) for t in trajectories)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -87,11 +94,14 @@ def to_batch(trajectories: Sequence[Trajectory], pad_id: int) -> Batch:
         if not t.failed:          # label position j - 1 scores token j
             loss_mask[i, : length - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
         logprobs[i, : length - 1] = torch.tensor(t.logprobs[1:], dtype=torch.float32)
-    return Batch({"input_ids": input_ids, "response_mask": loss_mask,
-                  "prompt_len": torch.tensor([t.prompt_len for t in trajectories]),
-                  "response_len": torch.tensor([t.response_len for t in trajectories]),
-                  "rollout_logprobs": logprobs,
-                  "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
-                  "group_ids": torch.tensor([t.group for t in trajectories], dtype=torch.long),
-                  "version": torch.tensor([t.version[0] for t in trajectories], dtype=torch.long)},
-                 [t.metadata for t in trajectories])
+    tensors = {"input_ids": input_ids, "response_mask": loss_mask,
+               "prompt_len": torch.tensor([t.prompt_len for t in trajectories]),
+               "response_len": torch.tensor([t.response_len for t in trajectories]),
+               "rollout_logprobs": logprobs,
+               "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+               "group_ids": torch.tensor([t.group for t in trajectories], dtype=torch.long),
+               "version": torch.tensor([t.version[0] for t in trajectories], dtype=torch.long)}
+    routes = batch_routes([t.routed_experts for t in trajectories], width)
+    if routes is not None:
+        tensors[ROUTED_EXPERTS] = routes
+    return Batch(tensors, [t.metadata for t in trajectories])

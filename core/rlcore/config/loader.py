@@ -140,6 +140,7 @@ _RULES = [  # (key, predicate, what is allowed)
     ("actor.entropy_coef", lambda v: v >= 0, "a number >= 0"),
     ("actor.logprob_chunk_tokens", lambda v: v >= 0, "an integer >= 0 (0 = all tokens at once)"),
     ("actor.old_logprobs", lambda v: v in ("auto", "actor", "rollout"), "auto, actor or rollout"),
+    ("actor.moe.routing_replay", lambda v: v in ("off", "rollout"), "off or rollout"),
     ("critic.world_size", lambda v: v >= 0, "an integer >= 0 (0 = trainer.world_size)"),
     ("critic.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
     ("reward_model.world_size", lambda v: v >= 0, "an integer >= 0 (0 = the world of the workers it scores for)"),

@@ -124,9 +124,20 @@ class LoRASection:
 
 
 @dataclass
+class MoESection:
+    """Mixture-of-experts options of the actor (``rlcore.megatron.routing_replay``)."""
+    routing_replay: str = "off"   # rollout: the learner's MoE layers send each token to the experts the rollout
+                                  # engine chose (its router gradients still flow through their scores); off
+    measure_live_routing: bool = True   # with replay: one more forward pass per step, routed live, for the metrics
+                                  # routing/* (how often the learner's own routing differs from the engine's, and
+                                  # the logprob mismatch without replay)
+
+
+@dataclass
 class ActorConfig(TrainedModelConfig):
     offload: ActorOffloadConfig = field(default_factory=ActorOffloadConfig)
     lora: LoRASection = field(default_factory=LoRASection)
+    moe: MoESection = field(default_factory=MoESection)
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)

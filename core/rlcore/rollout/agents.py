@@ -13,7 +13,8 @@ class SingleTurn(Agent):
         done = await (engine.generate_with_images(prompt, images, sampling, seed, request_id) if images else
                       engine.generate(prompt, sampling, seed, request_id))
         return Trajectory.single_turn(prompt, done.tokens, done.logprobs, version=done.versions,
-                                      finish=done.finish_reason, metadata=metadata)
+                                      finish=done.finish_reason, metadata=metadata,
+                                      routed_experts=done.routed_experts)
 
 
 SINGLE_TURN = AgentSpec("single_turn", lambda model_path, cfg, registry: SingleTurn())

@@ -4,7 +4,8 @@
 requests in flight to finish by themselves (the push waits for the slowest). With ``partial=True`` it aborts them; each
 caller keeps what its request sampled, waits for the resume and resubmits prompt + tokens so far with the remaining
 budget, to the new weights, and gets ONE completion: tokens and logprobs concatenated (aligned), the last part's finish
-reason, versions (the oldest and newest weights that sampled a token of it). An abort by the user is final.
+reason, versions (the oldest and newest weights that sampled a token of it), routed experts (each token's from the
+part that first fed it: ``rlcore.routed_experts.joined``). An abort by the user is final.
 
 Every backend is used here through abort + resubmit, since each returns an aborted request's tokens and logprobs:
 vLLM (in-process ``LLMEngine``; the push resets its prefix cache, so a continuation's prefix is recomputed with the
@@ -24,6 +25,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 import torch
 
+from rlcore.routed_experts import joined
 from rlcore.specs import Completion, RolloutBackend, Sampling
 
 
@@ -223,5 +225,8 @@ def _joined(request_id: str, parts: list[Completion], finish_reason: str, versio
     before sampling any saw no weights), so a trajectory is not counted staler than the weights that sampled it."""
     sampled = [part for part in parts if part.tokens] or parts
     first, last = (sampled[0].versions[0], parts[-1].versions[1]) if parts else (version, version)
+    routes = sampled[0].routed_experts if sampled else None
+    for part in sampled[1:]:      # each part was sent the tokens before it again: their routes are the first part's
+        routes = joined(routes, part.routed_experts)
     return Completion(request_id, [t for part in parts for t in part.tokens],
-                      [lp for part in parts for lp in part.logprobs], finish_reason, (first, last))
+                      [lp for part in parts for lp in part.logprobs], finish_reason, (first, last), routes)

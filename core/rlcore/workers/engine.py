@@ -12,10 +12,14 @@ from rlcore.converted import starts_weightless
 from rlcore.specs import Agent, RolloutBackend
 
 
-def engine_lora(cfg: Config) -> dict[str, int]:
-    """The rollout backend factory's LoRA keyword: with ``rollout.lora=adapters`` the engine serves adapters of
-    ``actor.lora.rank`` on its base weights (``RolloutBackendSpec.lora_adapters``); else nothing is passed."""
-    return {"lora_rank": cfg.actor.lora.rank} if cfg.rollout.lora == "adapters" else {}
+def engine_options(cfg: Config) -> dict:
+    """The rollout backend factory's optional keywords, passed only when a run needs them: ``lora_rank`` with
+    ``rollout.lora=adapters`` (the engine serves adapters of ``actor.lora.rank`` on its base weights:
+    ``RolloutBackendSpec.lora_adapters``), ``routed_experts`` with ``actor.moe.routing_replay=rollout``."""
+    options: dict = {"lora_rank": cfg.actor.lora.rank} if cfg.rollout.lora == "adapters" else {}
+    if cfg.actor.moe.routing_replay == "rollout":
+        options["routed_experts"] = True
+    return options
 
 
 @dataclass
@@ -41,7 +45,7 @@ def build_engine(cfg: Config, registry, model_path: str, hf_config: dict, distri
     backend = registry.get("rollout_backends", cfg.rollout.backend).factory(
         weightless_copy(model_path, directory) if directory else model_path, cfg.rollout, seed=cfg.run.seed,
         max_model_len=hf_config["max_position_embeddings"], distributed=distributed,
-        **({"load_weights": False} if weightless else {}), **engine_lora(cfg))
+        **({"load_weights": False} if weightless else {}), **engine_options(cfg))
     spec = registry.get("agents", cfg.rollout.agent)
     agent = spec.make(model_path, cfg, registry, bind_agent(spec, cfg.agent))
     return HostedEngine(backend, agent, weightless, directory)

@@ -100,7 +100,7 @@ class ToolAgent(Agent):
             done = await engine.generate(samples[-1].tokens, dataclasses.replace(sampling, max_tokens=budget),
                                          None if seed is None else seed + 7919 * turn, f"{request_id}-turn{turn}")
             versions = [min(versions[0], done.versions[0]) if turn else done.versions[0], done.versions[1]]
-            samples[-1].sampled(done.tokens, done.logprobs)
+            samples[-1].sampled(done.tokens, done.logprobs, done.routed_experts)
             stats.turns, budget, finish = turn + 1, budget - len(done.tokens), done.finish_reason
             text = self.tokenizer.decode(done.tokens, skip_special_tokens=True)
             calls = self.parse(text) if finish == "stop" else []

@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
+
+from rlcore.routed_experts import joined
 from rlcore.trajectory import Trajectory
 
 PLACEHOLDER = "x"                 # the fixed base's contents: any short text; only the boundaries are kept
@@ -142,11 +145,17 @@ class Transcript:
         self.tokens: list[int] = list(prompt)
         self.loss_mask: list[bool] = [False] * len(self.tokens)
         self.logprobs: list[float] = [0.0] * len(self.tokens)
+        self.routed_experts: torch.Tensor | None = None
+        self._turns = 0
 
-    def sampled(self, tokens: list[int], logprobs: list[float]) -> None:
-        """The engine's tokens of one turn, as sampled, with their behaviour logprobs."""
+    def sampled(self, tokens: list[int], logprobs: list[float], routed_experts: torch.Tensor | None = None) -> None:
+        """The engine's tokens of one turn, as sampled, with their behaviour logprobs and, from an engine that
+        returns them, its routed experts (the turn's prompt was this transcript: the rows of tokens an earlier turn
+        fed are kept, those of the observations come from this turn's prefill)."""
         if len(tokens) != len(logprobs):
             raise ValueError(f"Transcript.sampled: {len(tokens)} tokens but {len(logprobs)} logprobs")
+        self.routed_experts = routed_experts if self._turns == 0 else joined(self.routed_experts, routed_experts)
+        self._turns += 1
         self.tokens += tokens
         self.loss_mask += [True] * len(tokens)
         self.logprobs += [float(lp) for lp in logprobs]
@@ -159,7 +168,7 @@ class Transcript:
 
     def trajectory(self, **fields) -> Trajectory:
         return Trajectory(tokens=list(self.tokens), loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
-                          **fields)
+                          routed_experts=self.routed_experts, **fields)
 
 
 def _with_string_arguments(message: dict) -> dict:

@@ -1,0 +1,71 @@
+"""Routed experts: which experts each MoE layer of the rollout engine sent each token to, so that the learner's MoE
+layers can replay them (``actor.moe.routing_replay=rollout``, routing replay, "R3").
+
+The engine side of the contract: a completion's ``routed_experts`` is an int tensor [n, layers, top_k] for the n
+tokens the engine ran the model on, in order (the prompt and every sampled token but the last, which was never fed
+back: n = len(prompt) + len(response) - 1), over the model's MoE layers in order (dense layers have no row), each
+row the top-k expert ids (any order). A request resumed after a partial pause, or a multi-turn episode's next turn,
+covers the tokens it was sent again: only the rows of tokens that were not routed before are new (``joined``), so a
+token keeps the route that produced what was sampled after it.
+
+In the training batch (``to_batch``) they are ``ROUTED_EXPERTS`` [rows, width, layers, top_k] int16 by token
+position (not label position: a token's route belongs to the forward at that token), -1 where a position has none
+(padding, and a trajectory's last token).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+ROUTED_EXPERTS = "routed_experts"   # the batch's per-token routes, and the metrics' prefix
+DTYPE = torch.int16                  # expert ids < 32768: every published MoE (DeepSeek-V3: 256)
+MISSING = -1
+
+
+def as_routes(routes) -> torch.Tensor:
+    """An engine's routes (a tensor or array of any int dtype) [n, layers, top_k] in the compact dtype."""
+    routes = torch.as_tensor(routes)
+    if routes.dim() != 3:
+        raise ValueError(f"routed experts must be [tokens, MoE layers, top_k], got shape {tuple(routes.shape)}")
+    return routes.to(DTYPE)
+
+
+def joined(before: torch.Tensor | None, after: torch.Tensor | None) -> torch.Tensor | None:
+    """The routes of a sequence that was sent again longer (a resumed request, the next turn): ``before``'s rows,
+    then ``after``'s rows for the tokens ``before`` did not cover. None if either is None (a part without routes
+    leaves the whole without them, rather than with a gap)."""
+    if before is None or after is None:
+        return None
+    if after.shape[1:] != before.shape[1:]:
+        raise ValueError(f"routed experts of one sequence changed shape: {tuple(before.shape[1:])} then "
+                         f"{tuple(after.shape[1:])} (MoE layers, top_k)")
+    return torch.cat([before, after[len(before):]])
+
+
+def batch_routes(routes: Sequence[torch.Tensor | None], width: int) -> torch.Tensor | None:
+    """The batch's ``ROUTED_EXPERTS`` [rows, width, layers, top_k] from each trajectory's routes (-1 past them);
+    None when no trajectory has routes. A trajectory without them gets -1 everywhere (counted: ``missing_rows``)."""
+    shape = next((tuple(r.shape[1:]) for r in routes if r is not None), None)
+    if shape is None:
+        return None
+    out = torch.full((len(routes), width, *shape), MISSING, dtype=DTYPE)
+    for i, r in enumerate(routes):
+        if r is not None:
+            if tuple(r.shape[1:]) != shape:
+                raise ValueError(f"routed experts of one batch differ in shape: {shape} and {tuple(r.shape[1:])}")
+            n = min(len(r), width)
+            out[i, :n] = r[:n]
+    return out
+
+
+def differing(learner: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
+    """Per token and layer: whether the learner's expert set differs from the rollout's ([..., layers, top_k] each,
+    any order within top_k) -> bool [..., layers]; positions where the rollout has no route count as equal."""
+    same = (learner.sort(-1).values == rollout.sort(-1).values).all(-1)
+    return ~same & (rollout >= 0).all(-1)
+
+
+def route_bytes(tokens: int, layers: int, top_k: int) -> int:
+    """What carrying ``tokens`` tokens' routes costs (the batch's dtype)."""
+    return tokens * layers * top_k * torch.tensor([], dtype=DTYPE).element_size()
