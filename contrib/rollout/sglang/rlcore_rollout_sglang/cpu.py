@@ -1,7 +1,7 @@
 """The shims that let SGLang (pinned: 0.5.23) run on a CPU from PyPI packages alone, next to vLLM's CPU build.
 
 ``rlcore_rollout_sglang.pth`` (shipped at the top of site-packages) runs ``rlcore_rollout_sglang.startup`` at every
-interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the first three functions below
+interpreter start, which puts an import hook first on ``sys.meta_path`` that calls the first four functions below
 when the module they concern is first imported, so SGLang's spawned scheduler and detokenizer processes get them too;
 ``bind_threads`` runs before an engine with more than one TP rank starts. Each names what
 it works around; ``tests/test_sglang_cpu_shims.py`` shows each is still needed, so a shim that a later SGLang (or
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from rlcore_rollout_sglang.startup import ENV
 
-SHIMS = ("torchvision_op_schemas", "sgl_kernel_stand_in", "shared_expert_gate_in_torch")
+SHIMS = ("torchvision_op_schemas", "sgl_kernel_stand_in", "shared_expert_gate_in_torch", "host_buffers_unpinned")
 _keep: list[Any] = []    # the torch.library registration must stay alive
 
 
@@ -111,6 +111,37 @@ def _gate_in_torch(module: ModuleType) -> None:
                           f"shared_expert_gate_in_torch replaces (written for SGLang 0.5.23): install "
                           f"contrib/rollout/sglang/requirements-sglang.txt's SGLang, or update the shim")
     setattr(module, _TRITON_LAUNCH, gate_sigmoid_mul)
+
+
+def host_buffers_unpinned(name: str, path: Any) -> importlib.machinery.ModuleSpec | None:
+    """Works around: SGLang allocates its host-side buffers (the routed-experts capture's host cache, which
+    ``enable_return_routed_experts`` needs, and HiCache's pools) with ``pin_memory=True`` through
+    ``ALLOC_MEMORY_FUNCS``, whose default pins by ``cudaHostRegister``; on the CPU torch that fails (``Torch not
+    compiled with CUDA enabled`` while the scheduler starts). Pinning means nothing without a GPU. Returns the spec of
+    SGLang's module of those allocators (``name``) whose loader, after running it, makes allocations for device
+    ``"cpu"`` plain (the same allocator, not pinned)."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None:
+        return None
+    spec.loader = _ThenPatch(spec.loader, _cpu_buffers_unpinned)
+    return spec
+
+
+def alloc_unpinned(dims: tuple, dtype: Any, device: str, pin_memory: bool, allocator: Any,
+                   registration_granularity_bytes: int | None = None) -> Any:
+    """SGLang's ``alloc_with_host_register`` without the registration (``pin_memory`` ignored)."""
+    return allocator.allocate(dims, dtype=dtype, device=device)
+
+
+_HOST_ALLOCATORS = "ALLOC_MEMORY_FUNCS"
+
+
+def _cpu_buffers_unpinned(module: ModuleType) -> None:
+    if not hasattr(module, _HOST_ALLOCATORS):
+        raise ImportError(f"{module.__name__} has no {_HOST_ALLOCATORS}, which rlcore's CPU shim "
+                          f"host_buffers_unpinned patches (written for SGLang 0.5.23): install "
+                          f"contrib/rollout/sglang/requirements-sglang.txt's SGLang, or update the shim")
+    getattr(module, _HOST_ALLOCATORS)["cpu"] = alloc_unpinned
 
 
 class _ThenPatch(importlib.abc.Loader):

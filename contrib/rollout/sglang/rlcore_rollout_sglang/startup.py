@@ -1,18 +1,19 @@
 """Run at every interpreter start by ``rlcore_rollout_sglang.pth`` (so SGLang's spawned scheduler and detokenizer
 processes run it too): puts the CPU shims' import hook (``rlcore_rollout_sglang.cpu``) first on ``sys.meta_path``.
-It imports nothing else; the hook acts only when ``torchvision``, ``sgl_kernel`` or SGLang's elementwise Triton kernels
-(``GATE_KERNELS``) are imported.
+It imports nothing else; the hook acts only when ``torchvision``, ``sgl_kernel``, SGLang's elementwise Triton kernels
+(``GATE_KERNELS``) or its host-buffer allocators (``HOST_ALLOCATORS``) are imported.
 
 - ``torchvision``: in every process, because a CUDA-built torchvision next to the CPU torch breaks transformers'
   model imports too, not only SGLang (the shim checks that this is the case before acting);
-- ``sgl_kernel`` and ``GATE_KERNELS``: only in processes whose environment has ``RLCORE_SGLANG_CPU_SHIMS=1`` (the
-  backend sets it before starting SGLang on CPU).
+- ``sgl_kernel``, ``GATE_KERNELS`` and ``HOST_ALLOCATORS``: only in processes whose environment has
+  ``RLCORE_SGLANG_CPU_SHIMS=1`` (the backend sets it before starting SGLang on CPU).
 """
 import os
 import sys
 
 ENV = "RLCORE_SGLANG_CPU_SHIMS"
 GATE_KERNELS = "sglang.kernels.ops.elementwise.elementwise"
+HOST_ALLOCATORS = "sglang.srt.mem_cache.pool_host.common"
 
 
 def _skipped() -> list[str]:
@@ -20,8 +21,8 @@ def _skipped() -> list[str]:
 
 
 class CpuShimFinder:
-    """A ``sys.meta_path`` finder that never finds anything itself except the ``sgl_kernel`` stand-in and SGLang's
-    elementwise kernels with their shared-expert gate in torch."""
+    """A ``sys.meta_path`` finder that never finds anything itself except the ``sgl_kernel`` stand-in, SGLang's
+    elementwise kernels with their shared-expert gate in torch, and its host-buffer allocators unpinned on CPU."""
 
     def __init__(self) -> None:
         self.torchvision_seen = False
@@ -44,6 +45,10 @@ class CpuShimFinder:
             from rlcore_rollout_sglang import cpu
 
             return cpu.shared_expert_gate_in_torch(name, path)
+        if name == HOST_ALLOCATORS and "host_buffers_unpinned" not in _skipped():
+            from rlcore_rollout_sglang import cpu
+
+            return cpu.host_buffers_unpinned(name, path)
         return None
 
 

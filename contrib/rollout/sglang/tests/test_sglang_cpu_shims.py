@@ -84,3 +84,18 @@ def test_binding_engine_tp_ranks_to_cores_still_needed():
     assert without.returncode != 0 and "SGLANG_CPU_OMP_THREADS_BIND is not set" in without.stderr
     bound = run("from rlcore_rollout_sglang import cpu; cpu.bind_threads(2)\n" + probe)
     assert bound.returncode == 0, bound.stderr[-2000:]
+
+
+def test_host_buffers_unpinned_still_needed():
+    """SGLang allocates the routed-experts capture's host cache (enable_return_routed_experts) pinned by
+    cudaHostRegister, which the CPU torch cannot do; with the shim the allocation for device "cpu" is plain."""
+    probe = ("import torch\n"
+             "from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS, HostTensorAllocator\n"
+             "buffer = ALLOC_MEMORY_FUNCS['cpu']((4, 3, 2), dtype=torch.int32, device='cpu', pin_memory=True, "
+             "allocator=HostTensorAllocator())\n"
+             "print(tuple(buffer.shape), buffer.is_pinned())")
+    without = run(probe, skip="host_buffers_unpinned")
+    assert without.returncode != 0 and "Torch not compiled with CUDA enabled" in without.stderr
+    shimmed = run(probe)
+    assert shimmed.returncode == 0, shimmed.stderr[-2000:]
+    assert shimmed.stdout.split("\n")[-2] == "(4, 3, 2) False"
