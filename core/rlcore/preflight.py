@@ -65,7 +65,7 @@ def check_routing_replay(cfg: Config, spec: ModelSpec, hf_config: dict[str, Any]
     if not engine_devices or (here and device not in engine_devices):
         where = f" on {device} (it does on {', '.join(engine_devices)})" if engine_devices else ""
         raise ConfigError(f"{key} = 'rollout' with rollout.backend = {backend!r}: that engine cannot return the "
-                          f"experts it routed each token to{where}; use {key}=off, or a backend that can (hf)")
+                          f"experts it routed each token to{where}; use {key}=off, or a backend that can (sglang, hf)")
     if cfg.actor.recompute == "full" and cfg.actor.parallel.pp > 1:
         raise ConfigError(f"{key} = 'rollout' with actor.recompute = 'full' at actor.parallel.pp = "
                           f"{cfg.actor.parallel.pp}: the recomputed forward of an earlier micro-batch would replay a "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 ROUTED_EXPERTS = "routed_experts"   # the batch's per-token routes, and the metrics' prefix
@@ -69,3 +70,34 @@ def differing(learner: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
 def route_bytes(tokens: int, layers: int, top_k: int) -> int:
     """What carrying ``tokens`` tokens' routes costs (the batch's dtype)."""
     return tokens * layers * top_k * torch.tensor([], dtype=DTYPE).element_size()
+
+
+def hf_moe_layers(hf_config: dict) -> list[int]:
+    """The 0-based numbers of the MoE decoder layers of the model of a HF ``config.json`` (a vision-language model's:
+    of its ``text_config``), by the conventions of the MoE families rlcore serves: DeepSeek-V3's
+    ``first_k_dense_replace`` and ``moe_layer_freq``, Qwen2/Qwen3-MoE's ``mlp_only_layers`` and
+    ``decoder_sparse_step``, every layer otherwise (Mixtral). For engines that return a row for every decoder layer
+    (SGLang, vLLM: zeros in the dense ones)."""
+    hf = hf_config.get("text_config") or hf_config
+    layers = range(hf["num_hidden_layers"])
+    if "first_k_dense_replace" in hf or "moe_layer_freq" in hf:
+        dense, freq = hf.get("first_k_dense_replace") or 0, hf.get("moe_layer_freq") or 1
+        return [i for i in layers if i >= dense and i % freq == 0]
+    if "mlp_only_layers" in hf or "decoder_sparse_step" in hf:
+        dense, step = set(hf.get("mlp_only_layers") or ()), hf.get("decoder_sparse_step") or 1
+        return [i for i in layers if i not in dense and (i + 1) % step == 0]
+    return list(layers)
+
+
+def from_engine(rows, hf_config: dict) -> torch.Tensor:
+    """An engine's routes over every decoder layer [n, num_hidden_layers, top_k] (any int dtype) as a completion's:
+    the MoE layers' rows only (``hf_moe_layers``), each row's ids sorted ascending, in the compact dtype."""
+    if isinstance(rows, np.ndarray) and not rows.flags.writeable:     # np.frombuffer's: torch warns on those
+        rows = rows.copy()
+    rows = torch.as_tensor(rows)
+    hf = hf_config.get("text_config") or hf_config
+    if rows.dim() != 3 or rows.shape[1] != hf["num_hidden_layers"]:
+        raise ValueError(f"an engine's routed experts must be [tokens, {hf['num_hidden_layers']} decoder layers, "
+                         f"top_k], got shape {tuple(rows.shape)}")
+    moe = hf_moe_layers(hf_config)
+    return as_routes(rows.to(torch.int64)[:, moe].sort(-1).values)

@@ -37,7 +37,9 @@ class SGLangRollout(RolloutBackend):
     can_release_memory = False  # set in __init__: GPU only (SGLang's memory saver is CUDA-only)
 
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
-                 distributed: bool = False, **engine_overrides: Any):
+                 distributed: bool = False, routed_experts: bool = False, **engine_overrides: Any):
+        """``routed_experts``: every completion carries the experts each MoE layer routed its tokens to
+        (``Completion.routed_experts``; SGLang's ``enable_return_routed_experts``)."""
         tp = getattr(cfg, "tp", 1)
         self.replica = Replica(tp, distributed)
         self._seeds_warned = False
@@ -47,6 +49,7 @@ class SGLangRollout(RolloutBackend):
         self._in_flight: dict[str, _Request] = {}      # the engine's requests, by the caller's request id
         self._unsent: list[_Request] = []              # added since the last batch went to the engine
         self._sending: set[asyncio.Task] = set()
+        self._hf_config = _hf_config(model_path) if routed_experts else None
         if not self.replica.leads:
             return
         cpu = not torch.cuda.is_available()
@@ -69,6 +72,8 @@ class SGLangRollout(RolloutBackend):
                 self._memory_tags.append("cuda_graph")
         if max_model_len is not None:
             args["context_length"] = max_model_len
+        if routed_experts:
+            args["enable_return_routed_experts"] = True
         if cpu:
             args.update(device="cpu", dtype="float32",
                         attention_backend="torch_native",  # the CPU default (intel_amx) needs the real sgl_kernel
@@ -147,7 +152,8 @@ class SGLangRollout(RolloutBackend):
         try:
             stream = await self.engine.async_generate(input_ids=[r.tokens for r in batch],
                                                       sampling_params=[r.params for r in batch],
-                                                      rid=[r.rid for r in batch], return_logprob=True, stream=True)
+                                                      rid=[r.rid for r in batch], return_logprob=True, stream=True,
+                                                      return_routed_experts=self._hf_config is not None)
             async for out in stream:
                 if out["meta_info"]["finish_reason"] is not None:
                     self._finish(by_rid[out["meta_info"]["id"]], out)
@@ -164,11 +170,19 @@ class SGLangRollout(RolloutBackend):
             self._settle(request, error=RuntimeError(f"SGLang refused request {request.request_id!r}: "
                                                      f"{reason.get('message')}"))
             return
-        self._settle(request, list(out["output_ids"]), [lp for lp, _, _ in meta["output_token_logprobs"]],
-                     _finish_reason(reason))
+        tokens = list(out["output_ids"])
+        routes = None
+        if self._hf_config is not None and tokens:     # none sampled (aborted early): no route to replay
+            try:
+                routes = _routes(meta.get("routed_experts"), len(request.tokens) + len(tokens) - 1, self._hf_config)
+            except (RuntimeError, ValueError) as error:
+                self._settle(request, error=RuntimeError(f"request {request.request_id!r}: {error}"))
+                return
+        self._settle(request, tokens, [lp for lp, _, _ in meta["output_token_logprobs"]], _finish_reason(reason),
+                     routes=routes)
 
     def _settle(self, request: _Request, tokens: list[int] | None = None, logprobs: list[float] | None = None,
-                reason: str = "", error: Exception | None = None) -> None:
+                reason: str = "", error: Exception | None = None, routes: torch.Tensor | None = None) -> None:
         """Hands the request its completion (or ``error``); the first settlement wins."""
         if self._in_flight.get(request.request_id) is not request:
             return
@@ -179,7 +193,7 @@ class SGLangRollout(RolloutBackend):
             request.done.set_exception(error)
         else:
             request.done.set_result(Completion(request.request_id, tokens or [], logprobs or [], reason,
-                                               (request.version, self.version)))
+                                               (request.version, self.version), routes))
 
     def abort(self, request_id: str) -> None:
         request = self._in_flight.get(request_id)
@@ -365,6 +379,32 @@ def _in_shared_memory(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str,
     return copies
 
 
+def _routes(encoded: Any, tokens_fed: int, hf_config: dict) -> torch.Tensor:
+    """A finished request's routed experts as a completion carries them (``rlcore.routed_experts``), from SGLang's
+    ``meta_info["routed_experts"]``: base64 of int32 [tokens fed, every decoder layer, top_k] (dense layers' rows are
+    zeros), for the prompt and every sampled token but the last."""
+    import base64
+
+    import numpy as np
+
+    from rlcore.routed_experts import from_engine
+
+    if encoded is None:
+        raise RuntimeError(f"SGLang returned no routed experts for {tokens_fed} tokens fed although asked")
+    hf = hf_config.get("text_config") or hf_config
+    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    per_token = hf["num_hidden_layers"] * hf["num_experts_per_tok"]
+    if flat.size != tokens_fed * per_token:
+        raise RuntimeError(f"SGLang returned {flat.size / per_token:g} tokens' routed experts for {tokens_fed} tokens "
+                           f"fed ({hf['num_hidden_layers']} layers x top {hf['num_experts_per_tok']} each)")
+    return from_engine(flat.reshape(tokens_fed, hf["num_hidden_layers"], hf["num_experts_per_tok"]), hf_config)
+
+
+def _hf_config(model_path: str) -> dict:
+    with open(os.path.join(model_path, "config.json")) as f:
+        return json.load(f)
+
+
 def _finish_reason(reason: dict | None) -> str:
     """SGLang's ``{"type": "stop"|"length"|"abort", ...}`` as vLLM's finish reason string."""
     return (reason or {}).get("type", "")
@@ -383,8 +423,7 @@ def _check(result: Any, what: str) -> None:
 
 def _kv_cache_tokens(model_path: str, gib: float) -> int:
     """Tokens of KV cache that ``gib`` GiB hold for the checkpoint at ``model_path`` (fp32 on CPU)."""
-    with open(os.path.join(model_path, "config.json")) as f:
-        hf = json.load(f)
+    hf = _hf_config(model_path)
     heads = hf.get("num_key_value_heads", hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     per_token = 2 * hf["num_hidden_layers"] * heads * head_dim * 4

@@ -14,12 +14,12 @@ def _require_sglang() -> None:
         raise ConfigError(f"rollout.backend=sglang needs SGLang, which is not installed: {INSTALL}")
 
 
-def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True):
+def _make(model_path, cfg, seed=0, max_model_len=None, distributed=False, load_weights=True, routed_experts=False):
     _require_sglang()
     from rlcore_rollout_sglang.backend import SGLangRollout
 
     return SGLangRollout(model_path, cfg, seed=seed, max_model_len=max_model_len, distributed=distributed,
-                         **({} if load_weights else {"load_format": "dummy"}))
+                         routed_experts=routed_experts, **({} if load_weights else {"load_format": "dummy"}))
 
 
 def _check(hf_config: dict, cfg, here: bool) -> None:
@@ -35,4 +35,5 @@ def _check(hf_config: dict, cfg, here: bool) -> None:
 
 @hookimpl
 def rlcore_rollout_backends():
-    return [RolloutBackendSpec("sglang", _make, _check)]
+    # routed experts: on CPU with the host_buffers_unpinned shim (rlcore_rollout_sglang/cpu.py)
+    return [RolloutBackendSpec("sglang", _make, _check, routed_experts=("cpu", "cuda"))]
