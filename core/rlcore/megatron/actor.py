@@ -21,6 +21,7 @@ from rlcore.lora.config import LoRAConfig
 from rlcore.lora.layers import adapters, adapters_enabled
 from rlcore.megatron.model import build_gpt
 from rlcore.megatron.reshard import Resharder
+from rlcore.megatron.routing_replay import RoutingRecorder
 from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
 from rlcore.specs import ModelSpec, OptimizerSpec
@@ -43,6 +44,9 @@ class MegatronActor(MegatronTrainable):
 
     def lora_config(self, seed: int) -> LoRAConfig | None:
         return lora_config(self.cfg.lora, seed)
+
+    def replays_routes(self) -> bool:
+        return self.cfg.moe.routing_replay == "rollout"
 
     def token_outputs(self, output, labels, extras):
         """logp of each label; with ``extras`` also the policy's entropy (with grad only when it is trained on:
@@ -84,7 +88,7 @@ class MegatronActor(MegatronTrainable):
             self.reference_is_base = True
             return
         reference, _ = build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
-                                 self.cfg.parallel.last_stage_layers)
+                                 self.cfg.parallel.last_stage_layers, routing_replay=self.replays_routes())
         reference.load_state_dict(self.model.state_dict(), strict=False)
         self.reference = reference.requires_grad_(False).eval()
         self._parked_reference = to_host(list(reference.parameters())) if self.cfg.offload.reference_on_host() else []
@@ -112,6 +116,22 @@ class MegatronActor(MegatronTrainable):
             raise RuntimeError("reference logprobs requested but no reference policy was frozen")
         with context:
             return self.per_token(model, batch, hook=lambda m: self._reading_tokens(m, temperature))
+
+    def routing(self, batch: Batch, temperature: float = 1.0, replay: bool = False, keep: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A forward pass routed live (or, with ``replay``, replaying the batch's routes where the actor does): its
+        logprobs [N, S], per token position the number of MoE layers whose experts differ from the batch's routed
+        experts [N, S], and with ``keep`` the experts used [N, S, layers, top_k]; on every rank."""
+        from megatron.core import parallel_state as mpu
+
+        recorder = RoutingRecorder(self.ddp, batch, keep)
+        try:
+            logp = self.per_token(self.ddp, batch, hook=lambda m: self._reading_tokens(m, temperature),
+                                  recorder=recorder, replay=replay)
+        finally:
+            recorder.close()
+        differing, routed = recorder.result(mpu.get_tensor_model_parallel_group(), self.cp_group, self.pp_group)
+        return logp, differing, routed
 
     def train_step(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0,
                    entropy: bool = False) -> dict[str, float]:

@@ -56,10 +56,11 @@ RECOMPUTE: dict[str, dict] = {
 
 def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32", *, tp: int = 1, pp: int = 1,
                        cp: int = 1, ep: int = 1, sequence_parallel: bool = False, last_stage_layers: int = 0,
-                       recompute: str = "none", cpu_initialization: bool = False):
+                       recompute: str = "none", cpu_initialization: bool = False, routing_replay: bool = False):
     """The plugin's TransformerConfig for these parallel sizes (Megatron validates them on construction).
     ``cpu_initialization``: Megatron's layers create their weights without naming a device (so that a
-    ``torch.device("meta")`` context applies: ``build_gpt(structure_only=True)``)."""
+    ``torch.device("meta")`` context applies: ``build_gpt(structure_only=True)``). ``routing_replay``: MoE routers
+    can replay given routes (``rlcore.megatron.routing_replay``)."""
     torch_dtype = DTYPES[dtype]
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
                      use_cpu_initialization=cpu_initialization, tensor_model_parallel_size=tp,
@@ -67,6 +68,8 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
                      expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
     if last_stage_layers:
         overrides["num_layers_in_last_pipeline_stage"] = last_stage_layers
+    if routing_replay:
+        overrides["moe_enable_routing_replay"] = True
     if not torch.cuda.is_available():
         overrides.update(_CPU_OFF)
     return spec.transformer_config(hf_config, **overrides)
@@ -87,7 +90,8 @@ def check_model_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32")
 
 
 def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence_parallel: bool = False,
-              last_stage_layers: int = 0, recompute: str = "none", structure_only: bool = False):
+              last_stage_layers: int = 0, recompute: str = "none", structure_only: bool = False,
+              routing_replay: bool = False):
     """The local (this rank's) GPTModel and the converter bound to it. ``structure_only``: every tensor on the meta
     device, nothing allocated: the model's names, shapes and checkpoint layout (``sharded_state_dict``) at any
     size."""
@@ -99,7 +103,7 @@ def build_gpt(spec: ModelSpec, hf_config: dict, dtype: str = "float32", sequence
                                 cp=mpu.get_context_parallel_world_size(),
                                 ep=mpu.get_expert_model_parallel_world_size(), sequence_parallel=sequence_parallel,
                                 last_stage_layers=last_stage_layers, recompute=recompute,
-                                cpu_initialization=structure_only)
+                                cpu_initialization=structure_only, routing_replay=routing_replay)
     model_class, more = GPTModel, {}
     if spec.vision is not None:
         from rlcore.megatron.vision import VisionLanguageGPT

@@ -23,7 +23,9 @@ from rlcore.converted import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
+from rlcore.megatron.routing_replay import RouterTokens, RoutingRecorder, Routes, picked, router_tokens
 from rlcore.multimodal import IMAGE_INPUTS
+from rlcore.routed_experts import ROUTED_EXPERTS
 from rlcore.specs import ModelSpec, OptimizerSpec
 
 if TYPE_CHECKING:
@@ -149,7 +151,12 @@ class MegatronTrainable:
         from rlcore.megatron.model import build_gpt
 
         return build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
-                         self.cfg.parallel.last_stage_layers, self.cfg.recompute)
+                         self.cfg.parallel.last_stage_layers, self.cfg.recompute,
+                         routing_replay=self.replays_routes())
+
+    def replays_routes(self) -> bool:
+        """The MoE layers replay the batch's routed experts (``rlcore.megatron.routing_replay``)."""
+        return False
 
     def build(self, hf_state: Mapping[str, torch.Tensor] | ConvertedWeights | None):
         """This rank's GPTModel (weights from ``hf_state`` if given: HF tensors, or a converted checkpoint's
@@ -207,10 +214,12 @@ class MegatronTrainable:
 
     # --- passes ------------------------------------------------------------------------------------------------
     def _run(self, model, batch: Batch, loss_fn: LossFn | None, forward_only: bool, extras: bool = False,
-             hook=None) -> tuple[list[dict], list, float]:
+             hook=None, recorder: RoutingRecorder | None = None, replay: bool = True
+             ) -> tuple[list[dict], list, float]:
         """The pipeline schedule over ``batch``'s micro-batches: the schedule's per-micro-batch results, each
         micro-batch's rows with its per-token output (``loss_fn`` None), and the share of the positions computed
-        that were padding."""
+        that were padding. MoE layers replay the batch's routes where this model does (``replays_routes``) unless
+        not to ``replay``; a ``recorder`` reads the routing they used."""
         from contextlib import nullcontext
 
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -221,11 +230,15 @@ class MegatronTrainable:
         # Megatron DDP averages gradients over data-parallel ranks; losses are shares of the global batch (the
         # schedule itself makes up for the average over context-parallel ranks)
         scale = len(micro) * self.dp_size
+        routes = Routes(model) if replay and self.replays_routes() and ROUTED_EXPERTS in batch else None
 
         def forward_step(data_iterator, chunk):
-            mb, packed = next(data_iterator)
+            index_of_micro, mb, packed = next(data_iterator)
             # a vision-language model also takes each row's images (rlcore.multimodal), from the rows' metadata
             more = {} if self.spec.vision is None else {"images": [r.get(IMAGE_INPUTS) for r in mb.meta] or None}
+            tokens = self._router_tokens(mb, packed) if routes or recorder else None
+            if routes is not None and tokens is not None:
+                routes.replay(picked(mb[ROUTED_EXPERTS], tokens))
             if packed is not None:   # one row, sequences end to end; outputs go back to the micro-batch's layout
                 labels = packed.labels
                 output = chunk(packed.ids, packed.positions, None, packed_seq_params=packed.params, **more)
@@ -238,6 +251,8 @@ class MegatronTrainable:
                     mb = _select_columns(mb, index)
                     ids, labels, positions = ids[:, index], labels[:, index], positions[:, index]
                 output = chunk(ids, positions, None, **more)
+            if recorder is not None and tokens is not None:
+                recorder.record(tokens, rows[index_of_micro])
 
             def loss_func(output):
                 per_token, more = self.token_outputs(output, labels, extras)
@@ -252,9 +267,10 @@ class MegatronTrainable:
             return output, loss_func
 
         shapes = [p.ids.shape if p is not None else m["input_ids"].shape for m, p in zip(micro, packs)]
-        with hook(model) if hook else nullcontext():
+        with hook(model) if hook else nullcontext(), routes or nullcontext():
             results = get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter(zip(micro, packs)), model=[model],
+                forward_step_func=forward_step, data_iterator=iter(zip(range(len(micro)), micro, packs)),
+                model=[model],
                 num_microbatches=len(micro), seq_length=max(s[1] for s in shapes) // self.cp_size,
                 micro_batch_size=max(s[0] for s in shapes), forward_only=forward_only)
         return results, list(zip(rows, outputs)), _padding_fraction(batch, sum(a * b for a, b in shapes), rows)
@@ -286,6 +302,15 @@ class MegatronTrainable:
             micro.append(_pad_columns(_select_columns(sub, torch.arange(cut)), self.sequence_multiple))
         return micro, rows
 
+    def _router_tokens(self, mb: Batch, packed) -> RouterTokens:
+        """Where each token this rank's MoE routers see for ``mb`` sits in it (``routing_replay.router_tokens``)."""
+        from megatron.core import parallel_state as mpu
+
+        rows, width = mb["input_ids"].shape
+        return router_tokens((rows, width), packed,
+                             self._cp_index(width) if self.cp_size > 1 and packed is None else None,
+                             mpu.get_tensor_model_parallel_rank(), self.cfg.parallel.tp, self.cfg.parallel.sp)
+
     def _cp_index(self, length: int) -> torch.Tensor:
         from rlcore.megatron.attention import zigzag_positions
 
@@ -304,12 +329,14 @@ class MegatronTrainable:
         return full
 
     @torch.no_grad()
-    def per_token(self, model, batch: Batch, hook=None) -> torch.Tensor:
+    def per_token(self, model, batch: Batch, hook=None, recorder: RoutingRecorder | None = None,
+                  replay: bool = True) -> torch.Tensor:
         """The pass's per-token output [N, S] (label positions) for the whole share. Computed on the last pipeline
         stage and broadcast to the others, so every rank returns it."""
         was_training = model.training
         model.eval()
-        _, outputs, _ = self._run(model, batch, None, forward_only=True, hook=hook)
+        _, outputs, _ = self._run(model, batch, None, forward_only=True, hook=hook, recorder=recorder,
+                                  replay=replay)
         model.train(was_training)
         full_len = batch["input_ids"].shape[1]
         result = torch.zeros(batch["input_ids"].shape) if outputs else torch.empty(batch["input_ids"].shape)
