@@ -7,6 +7,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator
 
+import torch
+
 from rlcore.specs import Completion
 
 
@@ -17,6 +19,7 @@ class Request:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     extra: Any = None           # the engine's own per-request state (the transformers backend: prompt, sampling)
+    routed_experts: torch.Tensor | None = None      # the completion's, kept up to date by an engine that routes
 
 
 class InFlight:
@@ -70,8 +73,9 @@ class InFlight:
             self._requests.clear()
 
     def finish(self, request_id: str, reason: str, version: int) -> None:
-        """Hand the request its completion (``version``: the engine's weights now); unknown ids are ignored."""
+        """Hand the request its completion (``version``: the engine's weights now) with the routed experts the
+        engine left on it; unknown ids are ignored."""
         request = self._requests.pop(request_id, None)
         if request is not None and not request.done.done():
             request.done.set_result(Completion(request_id, request.tokens, request.logprobs, reason,
-                                               (request.version, version)))
+                                               (request.version, version), request.routed_experts))

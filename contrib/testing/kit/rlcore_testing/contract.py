@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from rlcore.specs import RolloutBackend
+from rlcore.specs import RolloutBackend, RolloutBackendSpec
 
 # fp32 on CPU, the largest difference from transformers' logprobs over all the checks, measured: vLLM 3.5e-7, SGLang
 # 4.8e-7, transformers' backend 3.6e-7 (batched with left padding); T = 1's logprobs are 0.13-0.17 from T = 0.7's
@@ -35,19 +35,26 @@ def contract_hf_config() -> dict:
 @dataclass(frozen=True)
 class RegisteredBackend:
     """A picklable factory: the backend registered as ``name`` by plugin ``plugin`` (default: the same name), built
-    the way the trainer builds it (one process, rollout.tp=1, a small KV cache)."""
+    the way the trainer builds it (one process, rollout.tp=1, a small KV cache; ``routed_experts``: passed to the
+    factory, as a run with ``actor.moe.routing_replay=rollout`` does)."""
     name: str
     plugin: str = ""
     kv_cache_gib: float = 0.01
     max_model_len: int = MAX_MODEL_LEN
+    routed_experts: bool = False
+
+    def spec(self) -> RolloutBackendSpec:
+        from rlcore.plugins import load_plugins
+
+        return load_plugins([self.plugin or self.name]).registry.get("rollout_backends", self.name)
 
     def __call__(self, model_path: str) -> RolloutBackend:
         from rlcore.config.schema import RolloutConfig
-        from rlcore.plugins import load_plugins
 
-        spec = load_plugins([self.plugin or self.name]).registry.get("rollout_backends", self.name)
         cfg = RolloutConfig(backend=self.name, kv_cache_gib=self.kv_cache_gib, tp=1)
-        return spec.factory(model_path, cfg, seed=0, max_model_len=self.max_model_len, distributed=False)
+        routes = {"routed_experts": True} if self.routed_experts else {}
+        return self.spec().factory(model_path, cfg, seed=0, max_model_len=self.max_model_len, distributed=False,
+                                   **routes)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -4,23 +4,28 @@ asks for it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import multiprocessing
 import traceback
 from typing import Any, Callable
 
 import pytest
+import torch
 
-from rlcore_testing.contract import LOGPROB_TOLERANCE, Contract, Factory, build_contract
-from rlcore_testing.rollout import CHECKS
+from rlcore_testing.contract import LOGPROB_TOLERANCE, Contract, Factory, RegisteredBackend, build_contract
+from rlcore_testing.rollout import CHECKS, ROUTED_EXPERTS_CHECKS, build_moe_contract, moe_hf_config
+
+_ALL_CHECKS = {**CHECKS, **ROUTED_EXPERTS_CHECKS}
 
 # --------------------------------------------------------------------------------------------------------------------
 # The contract in a child process: vLLM allows one in-process engine per process, and a test session may host one.
 
-def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict | None, conn) -> None:
+def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict | None, conn,
+                  build: Callable[..., Contract] = build_contract) -> None:
     """Build the contract here, then run the checks the parent names, one at a time, until it sends None."""
     try:
-        contract = build_contract(factory, path, tolerance, hf_config)
+        contract = build(factory, path, tolerance, hf_config)
         conn.send(("passed", ""))
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
@@ -29,7 +34,7 @@ def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict
         printed = io.StringIO()
         try:
             with contextlib.redirect_stdout(printed):
-                CHECKS[name](contract)
+                _ALL_CHECKS[name](contract)
             conn.send(("passed", printed.getvalue()))
         except pytest.skip.Exception as skipped:
             conn.send(("skipped", str(skipped)))
@@ -41,11 +46,12 @@ def _serve_checks(factory: Factory, path: str, tolerance: float, hf_config: dict
 class ContractInChild:
     """The contract (engine, reference, prompts) in a spawned child process that runs the checks by name."""
 
-    def __init__(self, factory: Factory, path: str, tolerance: float, hf_config: dict | None, timeout: float = 600):
+    def __init__(self, factory: Factory, path: str, tolerance: float, hf_config: dict | None, timeout: float = 600,
+                 build: Callable[..., Contract] = build_contract):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._timeout = timeout
-        self._process = ctx.Process(target=_serve_checks, args=(factory, path, tolerance, hf_config, child),
+        self._process = ctx.Process(target=_serve_checks, args=(factory, path, tolerance, hf_config, child, build),
                                     daemon=True)
         self._process.start()
         child.close()
@@ -108,21 +114,25 @@ class RolloutContract:
     for the class, built by ``factory(model_path)`` (picklable when ``in_subprocess``: the engine, the reference and
     the checks then run in a child process). ``limitations``: {check: reason} for known, documented limitations, run
     as strict xfails; ``not_applicable``: {check: why} for checks of what the backend does not do here (releasing
-    memory on CPU), not collected; a name that is no check is refused when the class is defined."""
+    memory on CPU), not collected; a name that is no check is refused when the class is defined.
+    ``test_routed_experts[<model>]`` runs ``routed_experts`` on an engine and a contract of its own per tiny MoE model
+    of ``routed_experts_models`` (``rlcore_testing.rollout.MOE_MODELS``), where the backend declares routes on this
+    machine's device type (``RolloutBackendSpec.routed_experts``; skipped elsewhere)."""
     factory: Factory
     in_subprocess: bool = False
     limitations: dict[str, str] = {}
     not_applicable: dict[str, str] = {}
     tolerance: float = LOGPROB_TOLERANCE
     hf_config: dict | None = None
+    routed_experts_models: tuple[str, ...] = ("qwen3_moe",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for kind in ("limitations", "not_applicable"):
-            unknown = set(getattr(cls, kind)) - set(CHECKS)
+            unknown = set(getattr(cls, kind)) - set(_ALL_CHECKS)
             if unknown:
                 raise KeyError(f"{cls.__name__}.{kind} names checks that do not exist: {sorted(unknown)} "
-                               f"(checks: {sorted(CHECKS)})")
+                               f"(checks: {sorted(_ALL_CHECKS)})")
         for name in cls.not_applicable:
             setattr(cls, f"test_{name}", None)     # not a test of this class: pytest collects no test_<name>
 
@@ -138,11 +148,48 @@ class RolloutContract:
         yield contract
         contract.engine.stop()
 
+    def pytest_generate_tests(self, metafunc) -> None:
+        if "routed_experts_contract" in metafunc.fixturenames:
+            metafunc.parametrize("routed_experts_contract", self.routed_experts_models, indirect=True, scope="class")
+
+    @pytest.fixture(scope="class")
+    def routed_experts_contract(self, request, tmp_path_factory):
+        factory = _with_routes(self.factory)
+        path = str(tmp_path_factory.mktemp(f"routed-experts-{request.param}"))
+        hf_config = moe_hf_config(request.param)
+        if self.in_subprocess:
+            child = ContractInChild(factory, path, self.tolerance, hf_config, build=build_moe_contract)
+            yield child
+            child.close()
+            return
+        contract = build_moe_contract(factory, path, self.tolerance, hf_config)
+        yield contract
+        contract.engine.stop()
+
+    def test_routed_experts(self, routed_experts_contract) -> None:
+        if isinstance(routed_experts_contract, ContractInChild):
+            routed_experts_contract.run("routed_experts")
+        else:
+            ROUTED_EXPERTS_CHECKS["routed_experts"](routed_experts_contract)
+    test_routed_experts.__doc__ = ROUTED_EXPERTS_CHECKS["routed_experts"].__doc__
+
     @pytest.fixture(autouse=True)
     def _known_limitation(self, request):
         reason = self.limitations.get(request.node.originalname.removeprefix("test_"))
         if reason:
             request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def _with_routes(factory: Factory) -> Factory:
+    """``factory`` started with routed experts; skips the test where the backend declares none on this device."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(factory, RegisteredBackend):
+        pytest.skip("the routed experts check starts its engine through a RegisteredBackend factory")
+    declared = factory.spec().routed_experts
+    if device not in declared:
+        pytest.skip(f"rollout backend {factory.name!r} returns no routed experts on {device} "
+                    f"(RolloutBackendSpec.routed_experts: {declared})")
+    return dataclasses.replace(factory, routed_experts=True)
 
 
 def _contract_test(name: str, check: Callable[[Contract], None]) -> Callable:
