@@ -1,6 +1,6 @@
 """Routing replay (``actor.moe.routing_replay=rollout``) in the learner, on tiny Qwen3-MoE, Mixtral and DeepSeek-V3
 models (DeepSeek's first layer dense, its second MoE: the layer mapping skips dense layers), at TP1, TP2 with
-sequence parallelism, EP2 and PP2, with fixed-size, token-budget and packed micro-batches:
+sequence parallelism, EP2, PP2 and CP2, with fixed-size, token-budget and packed micro-batches:
 
 - with replay, every MoE layer routes every token to the batch's experts (asserted layer by layer, on every rank's
   share); routed live, the same tokens mostly go elsewhere (the routes are random, as a stale or mismatched engine's
@@ -39,11 +39,11 @@ RANK_SCRIPT = textwrap.dedent("""
 
     FAMILIES = {spec.name: spec for spec in (QWEN3_MOE, MIXTRAL, DEEPSEEK_V3)}
 
-    def replay(path, family, tp, pp, ep, sp, mbs, tokens, packed):
+    def replay(path, family, tp, pp, ep, cp, sp, mbs, tokens, packed):
         hf = read_hf_config(path)
         cfg = ActorConfig(micro_batch_size=mbs, max_tokens_per_micro_batch=tokens, pack_sequences=bool(packed),
                           optim=OptimConfig(lr=LR, adam_beta1=0.0, adam_eps=EPS, clip_grad=0.0),
-                          parallel=ParallelConfig(tp=tp, pp=pp, ep=ep, sp=bool(sp)),
+                          parallel=ParallelConfig(tp=tp, pp=pp, ep=ep, cp=cp, sp=bool(sp)),
                           moe=MoESection(routing_replay="rollout"))
         actor = MegatronActor(FAMILIES[family], hf, cfg, SPECS[0], hf_state=read_hf_weights(path))
         batch = replay_batch(hf)
@@ -65,16 +65,17 @@ RANK_SCRIPT = textwrap.dedent("""
 
 FAMILY_SIZES = dict(vocab_size=32, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                     ffn_hidden_size=64, max_position_embeddings=64)
-LAYOUTS = {   # name: (processes, tp, pp, ep, sp, micro-batch size, token budget per micro-batch, packed)
-    "tp1": (1, 1, 1, 1, 0, 3, 0, 0),
-    "tp2-sp": (2, 2, 1, 1, 1, 8, 0, 0),
-    "ep2": (2, 1, 1, 2, 0, 2, 0, 0),
-    "pp2": (2, 1, 2, 1, 0, 2, 0, 0),
-    "budget": (1, 1, 1, 1, 0, 1, 24, 0),
-    "packed": (1, 1, 1, 1, 0, 1, 24, 1),
-    "packed-tp2-sp": (2, 2, 1, 1, 1, 1, 24, 1),
+LAYOUTS = {   # name: (processes, tp, pp, ep, cp, sp, micro-batch size, token budget per micro-batch, packed)
+    "tp1": (1, 1, 1, 1, 1, 0, 3, 0, 0),
+    "tp2-sp": (2, 2, 1, 1, 1, 1, 8, 0, 0),
+    "ep2": (2, 1, 1, 2, 1, 0, 2, 0, 0),
+    "pp2": (2, 1, 2, 1, 1, 0, 2, 0, 0),
+    "cp2": (2, 1, 1, 1, 2, 0, 4, 0, 0),
+    "budget": (1, 1, 1, 1, 1, 0, 1, 24, 0),
+    "packed": (1, 1, 1, 1, 1, 0, 1, 24, 1),
+    "packed-tp2-sp": (2, 2, 1, 1, 1, 1, 1, 24, 1),
 }
-REFERENCE = (1, 1, 1, 1, 0, 8, 0, 0)     # one process, the whole batch in one micro-batch
+REFERENCE = (1, 1, 1, 1, 1, 0, 8, 0, 0)     # one process, the whole batch in one micro-batch
 FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3")
 
 

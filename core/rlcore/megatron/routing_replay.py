@@ -135,8 +135,8 @@ class RoutingRecorder:
 
     def record(self, tokens: RouterTokens, batch_rows: list[int]) -> None:
         """After a micro-batch's forward: its tokens' experts, the micro-batch's row i being batch row
-        ``batch_rows[i]`` (rows past them are padding rows)."""
-        real = (tokens.rows >= 0) & (tokens.rows < len(batch_rows))
+        ``batch_rows[i]`` (rows past them are padding rows, as are columns past the batch's width)."""
+        real = (tokens.rows >= 0) & (tokens.rows < len(batch_rows)) & (tokens.cols < self.differing.shape[1])
         rows = torch.as_tensor(batch_rows, dtype=torch.long)[tokens.rows[real]]
         cols = tokens.cols[real]
         for layer, experts in self._last.items():
