@@ -12,6 +12,8 @@ import torch
 from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.errors import RlcoreError
+from rlcore.learner.routing import routing_metrics
+from rlcore.routed_experts import ROUTED_EXPERTS
 from rlcore.specs import Algorithm
 from rlcore.timing import Timer
 
@@ -22,6 +24,8 @@ class ActorWorkers(Protocol):
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor: ...
 
     def train_step(self, mini: Batch, single_update: bool) -> dict[str, float]: ...
+
+    def live_routing(self, batch: Batch) -> torch.Tensor: ...
 
     def train_mode(self) -> None: ...
 
@@ -72,6 +76,10 @@ class Learner:
                 batch["old_logprobs"] = self.actor.logprobs(batch)
             if algorithm.needs_reference(algo_cfg):
                 batch["ref_logprobs"] = self.actor.logprobs(batch, reference=True)
+        if cfg.actor.moe.routing_replay == "rollout" and cfg.actor.moe.measure_live_routing and ROUTED_EXPERTS in batch:
+            with timer("live_routing"):
+                live = self.actor.live_routing(batch)
+            metrics.update(routing_metrics(batch, live[..., 0], live[..., 1]))
         if self.critic is not None:
             with timer("values"):
                 self.critic.wake()

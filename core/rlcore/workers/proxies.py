@@ -49,6 +49,9 @@ class ActorGroup(TrainGroup):
     def train_step(self, mini: Batch, single_update: bool) -> dict[str, float]:
         return self.update(ActorWorker.train_step, mini, single_update)
 
+    def live_routing(self, batch: Batch) -> torch.Tensor:
+        return self.per_token(ActorWorker.live_routing, batch)
+
     def num_parameters(self) -> int:
         return self.call(ActorWorker.num_parameters)[0]
 

@@ -206,6 +206,12 @@ class ActorWorker(Worker):
     def logprobs(self, batch: Batch, reference: bool = False) -> torch.Tensor:
         return self.actor.logprobs(batch, reference=reference, temperature=self.cfg.rollout.temperature)
 
+    def live_routing(self, batch: Batch) -> torch.Tensor:
+        """[rows, S, 2]: the logprobs of a pass routed live, and per token position the MoE layers whose experts
+        differ from the batch's routed experts (``rlcore.learner.routing``)."""
+        logprobs, differing, _ = self.actor.routing(batch, temperature=self.cfg.rollout.temperature)
+        return torch.stack([logprobs, differing.float()], -1)
+
     def train_step(self, share: Batch, total_tokens: float, total_sequences: float, single_update: bool) -> dict:
         """One update on this rank's share of a mini-batch; the loss is normalised by the mini-batch totals."""
         loss_fn = ActorLoss(self.algorithm, self.algo_cfg, self.cfg, total_tokens, total_sequences, single_update)
