@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,17 +25,23 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.logprobs import PromptLogprobs, SampleLogprobs
 
+log = logging.getLogger(__name__)
+
 
 class VLLMRollout(RolloutBackend):
     can_release_memory = False  # the CPU build has no sleep mode; set per platform in __init__
     _adapters: ServedAdapter | None = None   # with lora_rank: the LoRA adapter it serves
 
     def __init__(self, model_path: str, cfg, seed: int = 0, max_model_len: int | None = None,
-                 distributed: bool = False, load_weights: bool = True, lora_rank: int = 0):
+                 distributed: bool = False, load_weights: bool = True, lora_rank: int = 0,
+                 routed_experts: bool = False):
         """``distributed``: every trainer rank hosts its shard of an engine whose tensor-parallel groups are
         consecutive ranks (``rollout.tp`` each), over the trainer's torch.distributed world (external launcher).
         ``load_weights=False``: placeholder weights until the first push (vLLM's dummy load format).
-        ``lora_rank``: serve LoRA adapters of this rank (``load_adapters``), one at a time."""
+        ``lora_rank``: serve LoRA adapters of this rank (``load_adapters``), one at a time.
+        ``routed_experts``: every completion carries the experts each MoE layer routed its tokens to
+        (``Completion.routed_experts``; vLLM's ``enable_return_routed_experts``, which needs its V2 model runner:
+        GPU builds only, the CPU build refuses it at start)."""
         # The engine runs in this process, so tensors pass to it directly. On CPU it then also binds this
         # process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND) and turns torch.set_num_threads into a no-op.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -60,6 +67,9 @@ class VLLMRollout(RolloutBackend):
         self._adapters = ServedAdapter() if lora_rank else None
         if lora_rank:
             options.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(lora_rank), max_loras=1)
+        self._hf_config = _hf_config(model_path) if routed_experts else None
+        if routed_experts:
+            options["enable_return_routed_experts"] = True
         self.image_token_id = _image_token_id(model_path)
         if self.image_token_id is not None:
             options.update(limit_mm_per_prompt={"image": cfg.limit_images, "video": 0})
@@ -79,14 +89,17 @@ class VLLMRollout(RolloutBackend):
         return self.llm.llm_engine.model_executor.driver_worker.worker
 
     async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
-        return await self._generate(_token_prompts([tokens])[0], sampling, seed, request_id)
+        return await self._generate(_token_prompts([tokens])[0], len(tokens), sampling, seed, request_id)
 
     async def generate_with_images(self, tokens: list[int], images: Sequence[Any], sampling: Sampling,
                                    seed: int | None, request_id: str) -> Completion:
-        return await self._generate(self._image_prompts([tokens], [images])[0], sampling, seed, request_id)
+        return await self._generate(self._image_prompts([tokens], [images])[0], len(tokens), sampling, seed,
+                                    request_id)
 
-    async def _generate(self, prompt: TokensPrompt, sampling: Sampling, seed: int | None,
+    async def _generate(self, prompt: TokensPrompt, prompt_length: int, sampling: Sampling, seed: int | None,
                         request_id: str) -> Completion:
+        """``prompt_length``: the prompt's tokens as the trained model sees them (an image's placeholders
+        expanded, as vLLM expands them), which its routed experts cover."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -99,7 +112,8 @@ class VLLMRollout(RolloutBackend):
                                 skip_clone=True)    # made for this request alone: vLLM's deep copy of it is waste
         submit = lambda: self.llm.llm_engine.add_request(request_id, prompt, params,  # noqa: E731
                                                          lora_request=self._lora_request())
-        return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort)
+        return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort,
+                                         extra=prompt_length)
 
     def _image_prompts(self, sequences: Sequence[list[int]], images: Sequence[Sequence[Any]]) -> list[TokensPrompt]:
         """vLLM expands each image's one placeholder into as many as its processor makes: the trained model's run
@@ -125,14 +139,36 @@ class VLLMRollout(RolloutBackend):
                 delta = out.outputs[0]
                 request.tokens += delta.token_ids
                 request.logprobs += _token_logprobs(delta.logprobs, delta.token_ids)
+                if out.finished and self._hf_config is not None and request.tokens:
+                    request.routed_experts = routes_of(delta.routed_experts, request.extra + len(request.tokens) - 1,
+                                                       self._hf_config)
                 if out.finished:
                     self._in_flight.finish(out.request_id, delta.finish_reason or "", self.version)
             await asyncio.sleep(0)
 
     def abort(self, request_id: str) -> None:
-        if self._in_flight.get(request_id) is not None:
+        request = self._in_flight.get(request_id)
+        if request is not None:
+            if self._hf_config is not None and request.tokens:
+                try:
+                    request.routed_experts = routes_of(self._routes_so_far(request_id),
+                                                       request.extra + len(request.tokens) - 1, self._hf_config)
+                except RuntimeError as error:   # vLLM's internals moved: the aborted part goes without routes
+                    log.warning("aborted request %r keeps no routed experts: %s", request_id, error)
             self.llm.llm_engine.abort_request([request_id])
             self._in_flight.finish(request_id, "abort", self.version)
+
+    def _routes_so_far(self, request_id: str):
+        """The routed experts of a request in flight, for the tokens fed so far: vLLM 0.32 keeps them in its output
+        processor's request state (``routed_experts_chunks``, one per step) and hands them over only on a finished
+        request's final output, which an in-process engine does not make for an aborted one. None if it has none."""
+        import numpy as np
+
+        processor = self.llm.llm_engine.output_processor
+        chunks = [chunk for internal in processor.external_req_ids.get(request_id, ())
+                  if (state := processor.request_states.get(internal)) is not None
+                  for chunk in state.routed_experts_chunks]
+        return np.concatenate(chunks) if chunks else None
 
     def score(self, sequences: Sequence[list[int]], start: Sequence[int]) -> list[list[float]]:
         return self._score(_token_prompts(sequences), sequences, start)
@@ -239,6 +275,27 @@ def _vllm_lora_rank(rank: int) -> int:
         raise ValueError(f"actor.lora.rank = {rank}: vLLM serves LoRA adapters up to rank {allowed[-1]}; use a "
                          f"smaller rank or rollout.lora=merged")
     return fits[0]
+
+
+def routes_of(rows, tokens_fed: int, hf_config: dict) -> torch.Tensor:
+    """A request's routed experts as a completion carries them (``rlcore.routed_experts``), from vLLM's: the final
+    ``CompletionOutput.routed_experts``, a numpy array [tokens fed, every decoder layer, top_k] (the prompt and every
+    sampled token but the last; uint8 up to 256 experts, else uint16; dense layers' rows are zeros), or the chunks
+    an aborted request had concatenated (``_routes_so_far``)."""
+    from rlcore.routed_experts import from_engine
+
+    if rows is None:
+        raise RuntimeError(f"vLLM returned no routed experts for {tokens_fed} tokens fed although asked "
+                           f"(enable_return_routed_experts)")
+    if len(rows) != tokens_fed:
+        raise RuntimeError(f"vLLM returned routed experts for {len(rows)} tokens, {tokens_fed} were fed (prompt + "
+                           f"response - 1)")
+    return from_engine(rows, hf_config)
+
+
+def _hf_config(model_path: str) -> dict:
+    with open(os.path.join(model_path, "config.json")) as f:
+        return json.load(f)
 
 
 def _image_token_id(model_path: str) -> int | None:
