@@ -61,6 +61,30 @@ RANK_SCRIPT = textwrap.dedent("""
         actor.train_step(share, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
                                                           tokens, len(batch)), {}))
         return {**{n: t.contiguous().clone() for n, t in actor.hf_weights()}, "live_differing": live.float()}
+
+    def off_policy(path, family):
+        # the engine's routes and logprobs: what the weights routed before an update (an engine on these weights
+        # routes as transformers does, and transformers as the actor: the hf backend's contract and the logprob
+        # check); then one Adam update of the routers' weights (the others put back), as a stale batch meets
+        # newer routers
+        hf = read_hf_config(path)
+        cfg = ActorConfig(micro_batch_size=8, optim=OptimConfig(lr=1e-2), moe=MoESection(routing_replay="rollout"))
+        actor = MegatronActor(FAMILIES[family], hf, cfg, SPECS[0], hf_state=read_hf_weights(path))
+        batch = replay_batch(hf)
+        before, _, engine = actor.routing(batch, keep=True)
+        batch[ROUTED_EXPERTS] = engine
+        tokens = float(batch["response_mask"].sum())
+        others = {p: p.detach().clone() for n, p in actor.model.named_parameters() if ".router." not in n}
+        actor.train_step(batch, lambda lp, mb: (aggregate(-lp * mb["weight"], mb["response_mask"], "token-mean",
+                                                          tokens, len(batch)), {}))
+        with torch.no_grad():
+            for p, kept in others.items():
+                p.copy_(kept)
+        live, live_differing, _ = actor.routing(batch)
+        replayed, replayed_differing, _ = actor.routing(batch, replay=True)
+        return {"before": before, "live": live, "replayed": replayed, "live_differing": live_differing.float(),
+                "replayed_differing": replayed_differing.float(), "routed": (engine >= 0).all(-1).all(-1).float(),
+                "mask": batch["response_mask"]}
 """).replace("TESTS_DIR", repr(str(pathlib.Path(__file__).parent))) + RUN_JOBS
 
 FAMILY_SIZES = dict(vocab_size=32, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -117,6 +141,8 @@ def runs(tmp_path_factory):
                                {"run": "replay", "args": [paths[family], family,
                                                           *(LAYOUTS.get(layout) or REFERENCE)[1:]]})
             for family in FAMILIES for layout in ["reference", *LAYOUTS]}
+    jobs.update({(family, "off-policy"): (1, {"run": "off_policy", "args": [paths[family], family]})
+                 for family in FAMILIES})
     return run_jobs_by_world(RANK_SCRIPT, tmp, jobs), paths
 
 
@@ -197,3 +223,20 @@ def test_router_gradient_under_replay_equals_transformers_with_the_replayed_expe
         assert grad.abs().max() > 1e-4, name
         assert torch.allclose(got, grad, rtol=1e-3, atol=1e-6), (name, (got - grad).abs().max().item(),
                                                                  grad.abs().max().item())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_after_an_update_live_routing_drifts_from_the_engines_and_replay_removes_it(runs, family):
+    """The off-policy case: after one update of the routers, the learner routed live sends a share of the tokens
+    elsewhere in some layer; replayed, none; and the logprob gap to the engine's (what rollout_corr/* measure)
+    shrinks with replay to what the routers' changed weights of the same experts leave."""
+    got = runs[0][family, "off-policy"]
+    routed, mask = got["routed"].bool(), got["mask"].bool()
+    drifted = float((got["live_differing"][routed] > 0).float().mean())
+    gap_live = float((got["live"] - got["before"]).abs()[mask].mean())
+    gap_replayed = float((got["replayed"] - got["before"]).abs()[mask].mean())
+    print(f"{family}: tokens routed elsewhere live {drifted:.3f}; |logp - engine's| live {gap_live:.6f}, "
+          f"replayed {gap_replayed:.6f}")
+    assert drifted > 0.02
+    assert float(got["replayed_differing"].sum()) == 0
+    assert gap_replayed < gap_live
