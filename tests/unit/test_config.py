@@ -22,6 +22,15 @@ def test_yaml_file(tmp_path):
     assert cfg.trainer.steps == 7 and cfg.rollout.n == 3
 
 
+def test_a_word_yaml_reads_as_a_boolean_stays_a_word_for_a_string_key():
+    """``routing_replay=off`` on the command line: YAML 1.1 reads off as false, which reached the key as 'False' (and
+    was refused); a boolean key still takes the same words as booleans."""
+    cfg = load_config("quickstart", ["actor.moe.routing_replay=off", "run.progress=off", "trainer.export_hf=no"])
+    assert cfg.actor.moe.routing_replay == "off" and cfg.run.progress is False and cfg.trainer.export_hf is False
+    with pytest.raises(ConfigError, match=r"'actor.moe.routing_replay' = 'on' is not allowed: use off or rollout"):
+        load_config("quickstart", ["actor.moe.routing_replay=on"])
+
+
 def test_misspelled_key_suggests_the_right_one():
     with pytest.raises(ConfigError, match=r"unknown config key 'trainer.stpes'.*did you mean 'steps'"):
         load_config("quickstart", ["trainer.stpes=5"])

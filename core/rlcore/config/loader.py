@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.nodes import StringNode
 
 from rlcore.config.schema import Config
 from rlcore.converted import MARKER as CONVERTED
@@ -67,7 +68,7 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.steps=5)")
     try:
-        base, given = _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(list(overrides))
+        base, given = _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(_words_kept(schema, overrides))
         _drop_options_of_another_task(base, given)
         for layer in (base, given):
             _one_value_as_list(schema, layer)
@@ -103,6 +104,23 @@ def _drop_options_of_another_task(base: DictConfig, given: DictConfig) -> None:
     named = OmegaConf.select(given, "task.name")
     if named is not None and named != OmegaConf.select(base, "task.name") and OmegaConf.select(base, "task.options"):
         base.task.options = {}
+
+
+YAML11_BOOLEANS = ("y", "yes", "n", "no", "on", "off")    # what YAML 1.1 reads as a boolean besides true/false
+
+
+def _words_kept(schema: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """Overrides as given, but a string key's value that YAML 1.1 reads as a boolean quoted, so that it stays the
+    word: ``actor.moe.routing_replay=off`` is 'off' (unquoted it would reach the key as 'False')."""
+    out = []
+    for item in overrides:
+        key, value = item.split("=", 1)
+        node: Any = schema
+        for part in key.split("."):
+            node = node._get_node(part) if isinstance(node, DictConfig) and part in node else None
+        quoted = isinstance(node, StringNode) and value.strip().lower() in YAML11_BOOLEANS
+        out.append(f"{key}='{value.strip()}'" if quoted else item)
+    return out
 
 
 def _one_value_as_list(schema: DictConfig, given: DictConfig) -> None:
