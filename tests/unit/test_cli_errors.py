@@ -21,6 +21,9 @@ def rlcore(*args, timeout=120):
     (["run", "--plugins=qwen3,grpo,vllm", "algorithm.name=ppo"], "no algorithm named 'ppo' is registered"),
     (["run", "algorithm.clip_ratio=0.3"], "unknown config key 'algorithm.clip_ratio'"),
     (["run", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+    (["run", "--plugins=qwen3,grpo,vllm", "model.family=qwen3_moe", "actor.moe.routing_replay=rollout"],
+     "actor.moe.routing_replay = 'rollout' with rollout.backend = 'vllm': that engine cannot return the experts"),
+    (["run", "actor.moe.routing_replay=on"], "actor.moe.routing_replay"),
 ])
 def test_mistake_exits_non_zero_with_one_message(args, expected):
     result = rlcore(*args)

@@ -137,3 +137,21 @@ def test_vllm_is_refused_routing_replay_on_this_cpu_in_one_line(registry):
 def test_sglang_takes_routing_replay_here(registry):
     check_rollout_backend(load_config("quickstart", [*REPLAY, "rollout.backend=sglang"]), registry,
                           tiny(registry, "qwen3_moe"))
+
+
+def test_an_engine_without_routes_a_dense_model_and_full_recompute_at_pp2_are_refused_in_one_line(registry):
+    from rlcore.preflight import check_routing_replay
+
+    moe = tiny(registry, "qwen3_moe")
+    cases = [
+        (load_config("quickstart", REPLAY), moe, (), "that engine cannot return the experts it routed"),
+        (load_config("quickstart", ["actor.moe.routing_replay=rollout"]), registry.get("models", "qwen3")
+         .tiny_hf_config(**SIZES), ("cpu",), "has no MoE layers to replay routes in"),
+        (load_config("quickstart", [*REPLAY, "actor.recompute=full", "actor.parallel.pp=2", "trainer.world_size=2"]),
+         moe, ("cpu",), "would replay a later one's routes"),
+    ]
+    for cfg, hf, devices, message in cases:
+        with pytest.raises(ConfigError) as e:
+            check_routing_replay(cfg, registry.get("models", cfg.model.family), hf, devices, here=True)
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert "actor.moe.routing_replay" in str(e.value)
