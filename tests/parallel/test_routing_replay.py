@@ -1,4 +1,4 @@
-"""Routing replay (``actor.moe.routing_replay=rollout``) in the learner, on tiny Qwen3-MoE, Mixtral and DeepSeek-V3
+"""Routing replay (``actor.moe.routing_replay=rollout``) in the learner, on tiny Qwen3-MoE, Mixtral, DeepSeek-V3 and Qwen2-MoE
 models (DeepSeek's first layer dense, its second MoE: the layer mapping skips dense layers), at TP1, TP2 with
 sequence parallelism, EP2, PP2 and CP2, with fixed-size, token-budget and packed micro-batches:
 
@@ -33,11 +33,12 @@ RANK_SCRIPT = textwrap.dedent("""
     from rlcore.routed_experts import ROUTED_EXPERTS
     from rlcore_model_deepseek.plugin import DEEPSEEK_V3
     from rlcore_model_mixtral.plugin import MIXTRAL
+    from rlcore_model_qwen2.plugin import QWEN2_MOE
     from rlcore_model_qwen3.plugin import QWEN3_MOE
     from rlcore_plugins.optimizers import SPECS
     from test_routing_replay import replay_batch, LR, EPS
 
-    FAMILIES = {spec.name: spec for spec in (QWEN3_MOE, MIXTRAL, DEEPSEEK_V3)}
+    FAMILIES = {spec.name: spec for spec in (QWEN3_MOE, MIXTRAL, DEEPSEEK_V3, QWEN2_MOE)}
 
     def replay(path, family, tp, pp, ep, cp, sp, mbs, tokens, packed):
         hf = read_hf_config(path)
@@ -100,7 +101,8 @@ LAYOUTS = {   # name: (processes, tp, pp, ep, cp, sp, micro-batch size, token bu
     "packed-tp2-sp": (2, 2, 1, 1, 1, 1, 1, 24, 1),
 }
 REFERENCE = (1, 1, 1, 1, 1, 0, 8, 0, 0)     # one process, the whole batch in one micro-batch
-FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3")
+FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe")    # top-k then softmax; sigmoid, groups and
+                                                                    # a score bias; softmax then top-k
 
 
 def replay_batch(hf: dict):
@@ -129,12 +131,13 @@ def replay_batch(hf: dict):
 def runs(tmp_path_factory):
     from rlcore_model_deepseek.plugin import DEEPSEEK_V3
     from rlcore_model_mixtral.plugin import MIXTRAL
+    from rlcore_model_qwen2.plugin import QWEN2_MOE
     from rlcore_model_qwen3.plugin import QWEN3_MOE
     from rlcore_testing.models import tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("replay")
     paths = {}
-    for spec in (QWEN3_MOE, MIXTRAL, DEEPSEEK_V3):
+    for spec in (QWEN3_MOE, MIXTRAL, DEEPSEEK_V3, QWEN2_MOE):
         paths[spec.name] = str(tmp / spec.name)
         tiny_checkpoint(spec, paths[spec.name], **FAMILY_SIZES)
     jobs = {(family, layout): ((LAYOUTS.get(layout) or REFERENCE)[0],
