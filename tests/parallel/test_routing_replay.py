@@ -1,6 +1,6 @@
-"""Routing replay (``actor.moe.routing_replay=rollout``) in the learner, on tiny Qwen3-MoE, Mixtral, DeepSeek-V3 and Qwen2-MoE
-models (DeepSeek's first layer dense, its second MoE: the layer mapping skips dense layers), at TP1, TP2 with
-sequence parallelism, EP2, PP2 and CP2, with fixed-size, token-budget and packed micro-batches:
+"""Routing replay (``actor.moe.routing_replay=rollout``) in the learner, on tiny Qwen3-MoE, Mixtral, DeepSeek-V3
+and Qwen2-MoE models (DeepSeek's first layer dense, its second MoE: the layer mapping skips dense layers), at TP1,
+TP2 with sequence parallelism, EP2, PP2 and CP2, with fixed-size, token-budget and packed micro-batches:
 
 - with replay, every MoE layer routes every token to the batch's experts (asserted layer by layer, on every rank's
   share); routed live, the same tokens mostly go elsewhere (the routes are random, as a stale or mismatched engine's
