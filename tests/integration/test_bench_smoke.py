@@ -27,6 +27,8 @@ SMOKES = {
     "rollout_healing.py": rf"rollout_healing: steps/s after losing 1 of 2 rollout workers at step 2: {RATIO} vs "
                           rf"{RATIO} undisturbed \(ratio {RATIO}\); replacement (serving after {RATIO} s|not serving "
                           r"by the end)",
+    "routing_replay.py": rf"routing_replay: routes \d+ B/token \(DeepSeek-V3\), step time with replay {RATIO}x, with "
+                         rf"replay and live-routing metrics {RATIO}x \(tiny qwen3_moe, hf\)",
     "step_breakdown.py": rf"vllm: weight sync .* sync / copy = {RATIO}x; median step {RATIO} s \(target < 0\.4 s\): "
                          r"(NOT )?MET",
     "trl_side_by_side.py": rf"rlcore/TRL step time {RATIO}x, final accuracy {RATIO} vs {RATIO}",
