@@ -7,7 +7,7 @@ from rlcore.errors import ConfigError
 from rlcore.megatron.vision import tower_parameters
 from rlcore.reward_model_sizing import (read_reward_model_config, reward_model_estimate, reward_model_lines,
                                         reward_model_spec)
-from rlcore.sizing import GIB, estimate, layout_problems, read_model_config
+from rlcore.sizing import GIB, estimate, layout_problems, read_model_config, routes_memory
 
 
 def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = None) -> tuple[list[str], str]:
@@ -57,6 +57,8 @@ def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = No
                      + ("on the host between its passes (in CPU/node below)" if m["reference_on_host"] else
                         "kept on the device (in the total above)")
                      + f"; actor.offload.reference={cfg.actor.offload.reference_on_host()}")
+    if cfg.actor.moe.routing_replay == "rollout" and config.num_moe_experts:
+        lines.append(routes_line(cfg, routes_memory(config, hf, cfg, m["dp"]), m["dp"]))
     lines += [
         f"CPU/node   {m['cpu_per_node_training'] / GIB:.0f} GiB while training (optimizer offload fraction "
         f"{cfg.actor.optim.offload_fraction:g}), {m['cpu_per_node_rollout'] / GIB:.0f} GiB while the rollout "
@@ -77,3 +79,27 @@ def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = No
         lines += reward_model_lines(cfg, rm_spec, rm_config, reward_model_estimate(rm_config, rm_hf, cfg),
                                      sum(d.values()))
     return [], "\n".join(lines)
+
+
+def size(n: float) -> str:
+    """Bytes in the largest binary unit that keeps them >= 1 (up to GiB)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def routes_line(cfg: Config, r: dict, dp: int) -> str:
+    """The routes routing replay carries (``rlcore.sizing.routes_memory``): host memory, with the batch."""
+    line = (f"routes     actor.moe.routing_replay=rollout: {r['per_token']} B a token ({r['layers']} MoE layers x "
+            f"top-{r['top_k']} expert ids, int16) in host memory, carried with the batch (on the device one "
+            f"micro-batch's at a time, small): a sample {size(r['sample_response'])} at rollout.max_response_len = "
+            f"{cfg.rollout.max_response_len} tokens (its prompt on top), up to {size(r['sample_context'])} at the "
+            f"model's context of {r['context']}; a step's {r['samples']} samples ({cfg.trainer.prompts_per_step} "
+            f"prompts x {cfg.rollout.n}, padded to the longest) {size(r['batch_response'])}, up to "
+            f"{size(r['batch_context'])}; a data-parallel rank's share (dp {dp}: {r['rank_samples']} samples) "
+            f"{size(r['rank_response'])}, up to {size(r['rank_context'])}")
+    if cfg.trainer.world_size > 1:
+        line += (f"; a copy of its share in each worker process, {r['devices']} per node: "
+                 f"{size(r['node_response'])}, up to {size(r['node_context'])} per node")
+    return line

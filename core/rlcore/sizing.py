@@ -9,7 +9,8 @@ Memory per device is for model state only — parameters, gradients (fp32 buffer
 Adam's state under the distributed optimizer (fp32 master copy when parameters are bf16, plus two moments; with
 ``hybrid_adam``, part of it on the host: ``optimizer_bytes``) and, where the algorithm keeps one, the frozen
 reference policy's copy of the parameters (on the host with ``actor.offload.reference``) — on the busiest pipeline
-stage. Activations, the rollout engine's weights and KV cache come on top.
+stage. Activations, the rollout engine's weights and KV cache come on top. With routing replay, the routed experts
+the batch carries in host memory are counted apart (``routes_memory``).
 
 The report itself is ``rlcore.dry_run``'s; a reward model's sizes are ``rlcore.reward_model_sizing``'s.
 """
@@ -227,6 +228,31 @@ def estimate(c, hf: dict, cfg: Config, reference: bool = False, tower: int = 0) 
                 reference_on_host=ref_on_host, cpu_per_node_training=cpu * devices_per_node,
                 cpu_per_node_rollout=during_rollout * devices_per_node, dp=dp, expert_dp=expert_dp,
                 stages=len(stages))
+
+
+def routes_memory(c, hf: dict, cfg: Config, dp: int) -> dict:
+    """What routing replay (``actor.moe.routing_replay=rollout``) carries with the batch: every token's routed
+    experts, top_k int16 ids per MoE layer (``rlcore.routed_experts``), in host memory. Per token; per sample at the
+    responses' longest (``rollout.max_response_len``, the prompt not counted) and at the model's context (the
+    longest sequence a run allows: the batch is padded to its longest row, so one such sequence sizes every row);
+    per step's batch (``trainer.prompts_per_step`` x ``rollout.n`` samples), per data-parallel rank's share of it
+    (``dp`` ranks), and per node: every worker process copies its share out of Ray's object store
+    (``WorkerGroup._by_dp``), its TP, PP and CP peers each one. ``c``: the model's TransformerConfig, unsplit."""
+    from rlcore.megatron.routing_replay import moe_layers
+    from rlcore.routed_experts import route_bytes
+
+    layers, top_k = len(moe_layers(c)), c.moe_router_topk
+    context = (hf.get("text_config") or hf)["max_position_embeddings"]
+    samples, devices = cfg.trainer.prompts_per_step * cfg.rollout.n, min(cfg.trainer.devices_per_node,
+                                                                          cfg.trainer.world_size)
+    out = dict(layers=layers, top_k=top_k, per_token=route_bytes(1, layers, top_k), context=context,
+               samples=samples, rank_samples=math.ceil(samples / dp), devices=devices)
+    for name, tokens in (("response", cfg.rollout.max_response_len), ("context", context)):
+        sample = route_bytes(tokens, layers, top_k)
+        out.update({f"sample_{name}": sample, f"batch_{name}": samples * sample,
+                    f"rank_{name}": out["rank_samples"] * sample, f"node_{name}": devices * out["rank_samples"]
+                    * sample})
+    return out
 
 
 def layout_problems(cfg: Config, spec, hf: dict, section: str = "actor") -> list[str]:

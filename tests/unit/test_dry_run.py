@@ -8,6 +8,7 @@ from rlcore.config import load_config
 from rlcore.config.loader import preset_names
 from rlcore.plugins import load_plugins
 from rlcore.dry_run import dry_run
+from rlcore.sizing import read_model_config
 
 from runs import run_cli
 
@@ -167,3 +168,37 @@ def test_an_async_plan_names_its_rollout_workers(registry, capsys):
         assert (f"rollout    async: {workers} rollout worker(s) of their own, one engine each at tp {tp} ({gib} GiB "
                 f"of weights in 16-bit per process) and its KV cache; max_staleness 2, partial True"
                 ) in capsys.readouterr().out
+
+
+def test_routing_replay_counts_the_routes_it_carries(registry):
+    """With actor.moe.routing_replay=rollout the plan counts the routed experts the batch carries, by hand: Qwen3-
+    30B-A3B's 48 MoE layers x top-8 x int16 = 768 B a token, DeepSeek-V3's 61 - 3 dense = 58 x top-8 = 928 B; each
+    preset samples 128 prompts x 16 up to 8192 response tokens. None without replay."""
+    from rlcore.megatron.model import transformer_config
+    from rlcore.sizing import routes_memory
+
+    for preset, per_token, context, dp in (("qwen3-30b-a3b-8gpu", 48 * 8 * 2, 40960, 8),
+                                           ("deepseek-v3-671b-128gpu", 58 * 8 * 2, 163840, 1)):
+        assert "routes" not in check(registry, preset)[1]
+        cfg = load_config(preset, ["actor.moe.routing_replay=rollout"])
+        hf = read_model_config(cfg)
+        r = routes_memory(transformer_config(registry.get("models", cfg.model.family), hf, cfg.actor.dtype), hf,
+                          cfg, dp)
+        samples = 128 * 16
+        assert (r["per_token"], r["context"], r["samples"], r["rank_samples"]) == (per_token, context, samples,
+                                                                                    samples // dp)
+        assert r["sample_response"] == 8192 * per_token and r["sample_context"] == context * per_token
+        assert r["batch_response"] == samples * 8192 * per_token and r["batch_context"] == samples * context * per_token
+        assert r["rank_response"] == r["batch_response"] // dp
+        assert r["node_response"] == 8 * r["rank_response"]          # a copy in each of a node's 8 workers
+    _, report = check(registry, "qwen3-30b-a3b-8gpu", "actor.moe.routing_replay=rollout")
+    line = next(row for row in report.splitlines() if row.startswith("routes"))
+    for part in ("768 B a token (48 MoE layers x top-8 expert ids, int16) in host memory",
+                 "a sample 6.0 MiB at rollout.max_response_len = 8192 tokens", "up to 30.0 MiB at the model's "
+                 "context of 40960", "2048 samples (128 prompts x 16, padded to the longest) 12.0 GiB, up to 60.0 GiB",
+                 "(dp 8: 256 samples) 1.5 GiB, up to 7.5 GiB", "8 per node: 12.0 GiB, up to 60.0 GiB per node"):
+        assert part in line, (part, line)
+    _, one = check(registry, "qwen3-30b-a3b-8gpu", "actor.moe.routing_replay=rollout", "trainer.world_size=1",
+                   "actor.parallel.ep=1", "rollout.tp=1")
+    line = next(row for row in one.splitlines() if row.startswith("routes"))
+    assert line.endswith("(dp 1: 2048 samples) 12.0 GiB, up to 60.0 GiB")      # one process: no copies
