@@ -122,3 +122,21 @@ def test_an_engine_started_without_routes_returns_none(moe):
     finally:
         engine.stop()
     assert isinstance(out, Completion) and len(out.tokens) == 3 and out.routed_experts is None
+
+
+def test_a_multi_turn_episodes_routes_cover_its_observations_from_the_next_turns_prefill(moe):
+    """Two turns with an observation between them, built as the tools agent builds them (its ``Transcript``): the
+    episode's routes cover every token fed, the observation's from the second turn's prefill, and equal
+    transformers' routing of the whole episode (the weights do not change between the turns)."""
+    from rlcore_agent_tools.chat import Transcript
+    from rlcore_testing.rollout import reference_routes
+
+    transcript = Transcript(PROMPT)
+    for turn in range(2):
+        if turn:
+            transcript.inserted([12, 6, 1])                      # an observation the policy did not sample
+        out = run(moe.engine.generate(list(transcript.tokens), Sampling(4, 0.0, min_tokens=4), None, f"turn{turn}"))
+        transcript.sampled(out.tokens, out.logprobs, out.routed_experts)
+    episode = transcript.trajectory()
+    assert len(episode.routed_experts) == len(episode.tokens) - 1 == len(PROMPT) + 4 + 3 + 4 - 1
+    assert torch.equal(episode.routed_experts, reference_routes(moe.reference, episode.tokens[:-1]))
