@@ -3,6 +3,7 @@ metadata. Sequences are prompt + response, right-padded; per-token tensors are a
 (position t scores token t+1), which is what a causal LM's forward produces."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -48,13 +49,23 @@ def _raw(t: torch.Tensor) -> tuple:
     return t.view(-1).view(torch.uint8).numpy(), t.dtype, tuple(t.shape)
 
 
+# what the workers only read (index, never write): left in the object store's shared memory, one copy per node for
+# all its ranks rather than one per rank; the routed experts (rlcore.routed_experts) are most of a batch's bytes
+READ_IN_PLACE = frozenset({"routed_experts"})
+
+
 def _unpickle_batch(raw: dict[str, tuple], meta: list[dict]) -> Batch:
     """A read-only array is the object store's shared memory, read by every rank of a data-parallel share: copied
-    once, so that each rank owns tensors it may write. Plain pickle gives writable arrays, kept as they are."""
-    def tensor(data, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-        return torch.from_numpy(data if data.flags.writeable else data.copy()).view(dtype).view(shape)
+    once, so that each rank owns tensors it may write (but ``READ_IN_PLACE``'s, used where they lie). Plain pickle
+    gives writable arrays, kept as they are."""
+    def tensor(key: str, data, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+        if data.flags.writeable or key not in READ_IN_PLACE:
+            return torch.from_numpy(data if data.flags.writeable else data.copy()).view(dtype).view(shape)
+        with warnings.catch_warnings():     # torch warns of every read-only array; these are only read
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(data).view(dtype).view(shape)
 
-    return Batch({k: tensor(*r) for k, r in raw.items()}, meta)
+    return Batch({k: tensor(k, *r) for k, r in raw.items()}, meta)
 
 
 def sequence_lengths(batch: Batch) -> torch.Tensor:

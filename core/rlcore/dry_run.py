@@ -100,6 +100,7 @@ def routes_line(cfg: Config, r: dict, dp: int) -> str:
             f"{size(r['batch_context'])}; a data-parallel rank's share (dp {dp}: {r['rank_samples']} samples) "
             f"{size(r['rank_response'])}, up to {size(r['rank_context'])}")
     if cfg.trainer.world_size > 1:
-        line += (f"; a copy of its share in each worker process, {r['devices']} per node: "
-                 f"{size(r['node_response'])}, up to {size(r['node_context'])} per node")
+        line += (f"; a node's object store holds its workers' shares once, read in place ({r['node_shares']} distinct "
+                 f"share(s) among its {r['devices']} workers): {size(r['node_response'])}, up to "
+                 f"{size(r['node_context'])} per node")
     return line

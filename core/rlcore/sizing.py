@@ -236,8 +236,9 @@ def routes_memory(c, hf: dict, cfg: Config, dp: int) -> dict:
     responses' longest (``rollout.max_response_len``, the prompt not counted) and at the model's context (the
     longest sequence a run allows: the batch is padded to its longest row, so one such sequence sizes every row);
     per step's batch (``trainer.prompts_per_step`` x ``rollout.n`` samples), per data-parallel rank's share of it
-    (``dp`` ranks), and per node: every worker process copies its share out of Ray's object store
-    (``WorkerGroup._by_dp``), its TP, PP and CP peers each one. ``c``: the model's TransformerConfig, unsplit."""
+    (``dp`` ranks), and per node: its object store holds each share its workers read once (``WorkerGroup._by_dp``),
+    and they read the routes in place (``rlcore.data.READ_IN_PLACE``), so a node holds one share per data-parallel
+    rank among its workers (ranks run TP, then CP, fastest). ``c``: the model's TransformerConfig, unsplit."""
     from rlcore.megatron.routing_replay import moe_layers
     from rlcore.routed_experts import route_bytes
 
@@ -245,12 +246,13 @@ def routes_memory(c, hf: dict, cfg: Config, dp: int) -> dict:
     context = (hf.get("text_config") or hf)["max_position_embeddings"]
     samples, devices = cfg.trainer.prompts_per_step * cfg.rollout.n, min(cfg.trainer.devices_per_node,
                                                                           cfg.trainer.world_size)
+    shares = min(dp, max(1, devices // (cfg.actor.parallel.tp * cfg.actor.parallel.cp)))
     out = dict(layers=layers, top_k=top_k, per_token=route_bytes(1, layers, top_k), context=context,
-               samples=samples, rank_samples=math.ceil(samples / dp), devices=devices)
+               samples=samples, rank_samples=math.ceil(samples / dp), devices=devices, node_shares=shares)
     for name, tokens in (("response", cfg.rollout.max_response_len), ("context", context)):
         sample = route_bytes(tokens, layers, top_k)
         out.update({f"sample_{name}": sample, f"batch_{name}": samples * sample,
-                    f"rank_{name}": out["rank_samples"] * sample, f"node_{name}": devices * out["rank_samples"]
+                    f"rank_{name}": out["rank_samples"] * sample, f"node_{name}": shares * out["rank_samples"]
                     * sample})
     return out
 

@@ -27,6 +27,29 @@ def test_batch_travels_out_of_band_and_owns_what_it_reads_back():
     assert pickle.loads(data, buffers=shared)["ids"].equal(b["ids"])
 
 
+def test_routes_are_read_where_the_object_store_put_them():
+    """The routed experts (most of a batch's bytes with routing replay) are indexed, never written: every rank of a
+    node reads the one shared copy; the rest is copied, each rank's own."""
+    from rlcore.routed_experts import ROUTED_EXPERTS
+
+    b = Batch({"ids": torch.arange(12).view(3, 4), ROUTED_EXPERTS: torch.randint(0, 8, (3, 4, 2, 2)).short()})
+    buffers = []
+    data = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
+    shared = [memoryview(bytearray(x.raw())).toreadonly() for x in buffers]    # as Ray's plasma gives them
+    back = pickle.loads(data, buffers=shared)
+    assert torch.equal(back[ROUTED_EXPERTS], b[ROUTED_EXPERTS]) and torch.equal(back["ids"], b["ids"])
+    in_store = {_address(x) for x in shared}
+    assert back[ROUTED_EXPERTS].data_ptr() in in_store, "the routes were copied"
+    assert back["ids"].data_ptr() not in in_store
+    assert back.select([2, 0])[ROUTED_EXPERTS].equal(b[ROUTED_EXPERTS][[2, 0]])     # a micro-batch: a copy
+
+
+def _address(view: memoryview) -> int:
+    import numpy as np
+
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
+
+
 def group(world: int, tp: int) -> ActorGroup:
     cfg = load_config("quickstart", [f"trainer.world_size={world}", f"actor.parallel.tp={tp}"])
     return ActorGroup(cfg, None, "", worker_cls=EchoWorker)

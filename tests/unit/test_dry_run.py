@@ -190,13 +190,14 @@ def test_routing_replay_counts_the_routes_it_carries(registry):
         assert r["sample_response"] == 8192 * per_token and r["sample_context"] == context * per_token
         assert r["batch_response"] == samples * 8192 * per_token and r["batch_context"] == samples * context * per_token
         assert r["rank_response"] == r["batch_response"] // dp
-        assert r["node_response"] == 8 * r["rank_response"]          # a copy in each of a node's 8 workers
+        assert r["node_response"] == min(dp, 8) * r["rank_response"]    # one copy per share on a node of 8
     _, report = check(registry, "qwen3-30b-a3b-8gpu", "actor.moe.routing_replay=rollout")
     line = next(row for row in report.splitlines() if row.startswith("routes"))
     for part in ("768 B a token (48 MoE layers x top-8 expert ids, int16) in host memory",
                  "a sample 6.0 MiB at rollout.max_response_len = 8192 tokens", "up to 30.0 MiB at the model's "
                  "context of 40960", "2048 samples (128 prompts x 16, padded to the longest) 12.0 GiB, up to 60.0 GiB",
-                 "(dp 8: 256 samples) 1.5 GiB, up to 7.5 GiB", "8 per node: 12.0 GiB, up to 60.0 GiB per node"):
+                 "(dp 8: 256 samples) 1.5 GiB, up to 7.5 GiB",
+                 "(8 distinct share(s) among its 8 workers): 12.0 GiB, up to 60.0 GiB per node"):
         assert part in line, (part, line)
     _, one = check(registry, "qwen3-30b-a3b-8gpu", "actor.moe.routing_replay=rollout", "trainer.world_size=1",
                    "actor.parallel.ep=1", "rollout.tp=1")
