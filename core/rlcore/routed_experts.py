@@ -4,7 +4,7 @@ layers can replay them (``actor.moe.routing_replay=rollout``, routing replay, "R
 The engine side of the contract: a completion's ``routed_experts`` is an int tensor [n, layers, top_k] for the n
 tokens the engine ran the model on, in order (the prompt and every sampled token but the last, which was never fed
 back: n = len(prompt) + len(response) - 1), over the model's MoE layers in order (dense layers have no row), each
-row the top-k expert ids (any order). A request resumed after a partial pause, or a multi-turn episode's next turn,
+row the top-k expert ids (any order; the engines here sort them). A request resumed after a partial pause, or a multi-turn episode's next turn,
 covers the tokens it was sent again: only the rows of tokens that were not routed before are new (``joined``), so a
 token keeps the route that produced what was sampled after it.
 
@@ -46,7 +46,8 @@ def joined(before: torch.Tensor | None, after: torch.Tensor | None) -> torch.Ten
 
 def batch_routes(routes: Sequence[torch.Tensor | None], width: int) -> torch.Tensor | None:
     """The batch's ``ROUTED_EXPERTS`` [rows, width, layers, top_k] from each trajectory's routes (-1 past them);
-    None when no trajectory has routes. A trajectory without them gets -1 everywhere (counted: ``missing_rows``)."""
+    None when no trajectory has routes. A trajectory without them gets -1 everywhere (``routing/rows_incomplete``
+    counts such rows: their tokens run through filler experts)."""
     shape = next((tuple(r.shape[1:]) for r in routes if r is not None), None)
     if shape is None:
         return None

@@ -86,6 +86,19 @@ RANK_SCRIPT = textwrap.dedent("""
         return {"before": before, "live": live, "replayed": replayed, "live_differing": live_differing.float(),
                 "replayed_differing": replayed_differing.float(), "routed": (engine >= 0).all(-1).all(-1).float(),
                 "mask": batch["response_mask"]}
+
+    def another_models_routes(path, family):
+        hf = read_hf_config(path)
+        actor = MegatronActor(FAMILIES[family], hf, ActorConfig(moe=MoESection(routing_replay="rollout")), SPECS[0],
+                              hf_state=read_hf_weights(path))
+        batch = replay_batch(hf)
+        batch[ROUTED_EXPERTS] = torch.cat([batch[ROUTED_EXPERTS]] * 2, 2)      # twice the MoE layers
+        try:
+            actor.routing(batch, replay=True)
+        except ValueError as e:
+            assert "the engine returned another model's routes" in str(e), e
+            return {"refused": torch.ones(1)}
+        return {"refused": torch.zeros(1)}
 """).replace("TESTS_DIR", repr(str(pathlib.Path(__file__).parent))) + RUN_JOBS
 
 FAMILY_SIZES = dict(vocab_size=32, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -146,6 +159,7 @@ def runs(tmp_path_factory):
             for family in FAMILIES for layout in ["reference", *LAYOUTS]}
     jobs.update({(family, "off-policy"): (1, {"run": "off_policy", "args": [paths[family], family]})
                  for family in FAMILIES})
+    jobs["qwen3_moe", "wrong-shape"] = (1, {"run": "another_models_routes", "args": [paths["qwen3_moe"], "qwen3_moe"]})
     return run_jobs_by_world(RANK_SCRIPT, tmp, jobs), paths
 
 
@@ -243,3 +257,7 @@ def test_after_an_update_live_routing_drifts_from_the_engines_and_replay_removes
     assert drifted > 0.02
     assert float(got["replayed_differing"].sum()) == 0
     assert gap_replayed < gap_live
+
+
+def test_routes_of_another_shape_are_refused_naming_both(runs):
+    assert runs[0]["qwen3_moe", "wrong-shape"]["refused"].item() == 1

@@ -22,7 +22,8 @@ from rlcore.lora.layers import adapters, adapters_enabled
 from rlcore.megatron.model import build_gpt
 from rlcore.megatron.reshard import Resharder
 from rlcore.megatron.routing_replay import RoutingRecorder
-from rlcore.megatron.trainable import LossFn, MegatronTrainable, to_device, to_host
+from rlcore.megatron.host_memory import to_device, to_host
+from rlcore.megatron.trainable import LossFn, MegatronTrainable
 from rlcore.megatron.output_chunks import OutputHead, reading_tokens, token_stats
 from rlcore.specs import ModelSpec, OptimizerSpec
 

@@ -14,6 +14,7 @@ the tests that check replay layer by layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -49,23 +50,27 @@ class RouterTokens:
     cols: torch.Tensor
 
 
-def router_tokens(shape: tuple[int, int], packed=None, cp_columns: torch.Tensor | None = None, tp_rank: int = 0,
-                  tp_size: int = 1, sequence_parallel: bool = False) -> RouterTokens:
-    """The tokens this rank's routers see for a micro-batch of ``shape`` [rows, S] given to the model as it is, or
-    ``packed`` (``rlcore.megatron.packing.Packed``), or as the columns ``cp_columns`` of each row (context
-    parallelism); split over tensor-parallel ranks with sequence parallelism."""
+def router_tokens(mb: Batch, packed=None, cp_columns: Callable[[int], torch.Tensor] | None = None,
+                  parallel=None) -> RouterTokens:
+    """The tokens this rank's routers see for the micro-batch ``mb`` [rows, S] given to the model as it is, or
+    ``packed`` (``rlcore.megatron.packing.Packed``), or as the columns ``cp_columns(S)`` of each row (context
+    parallelism); split over tensor-parallel ranks with sequence parallelism (``parallel``: the model's
+    ``ParallelConfig``)."""
     if packed is not None:
         length = packed.ids.shape[1]
         rows = torch.full((length,), -1, dtype=torch.long)
         cols = torch.full((length,), -1, dtype=torch.long)
         rows[:len(packed.rows)], cols[:len(packed.cols)] = packed.rows, packed.cols
     else:
-        columns = torch.arange(shape[1]) if cp_columns is None else cp_columns
-        rows = torch.arange(shape[0]).repeat(len(columns))         # sequence-major: [s, b] flattened
-        cols = columns.repeat_interleave(shape[0])
-    if sequence_parallel and tp_size > 1:
-        share = len(rows) // tp_size
-        rows, cols = rows[tp_rank * share:(tp_rank + 1) * share], cols[tp_rank * share:(tp_rank + 1) * share]
+        count, width = mb["input_ids"].shape
+        columns = torch.arange(width) if cp_columns is None else cp_columns(width)
+        rows = torch.arange(count).repeat(len(columns))            # sequence-major: [s, b] flattened
+        cols = columns.repeat_interleave(count)
+    if parallel is not None and parallel.sp and parallel.tp > 1:
+        from megatron.core import parallel_state as mpu
+
+        share, rank = len(rows) // parallel.tp, mpu.get_tensor_model_parallel_rank()
+        rows, cols = rows[rank * share:(rank + 1) * share], cols[rank * share:(rank + 1) * share]
     return RouterTokens(rows, cols)
 
 
@@ -91,6 +96,7 @@ class Routes:
         if missing:
             raise RuntimeError(f"routing replay: the routers of layers {missing} were built without "
                                f"moe_enable_routing_replay")
+        self.shape = (len(moe_layers(model.config)), model.config.moe_router_topk)
         self.action = RouterReplayAction.REPLAY_FORWARD
 
     def __enter__(self) -> "Routes":
@@ -98,6 +104,10 @@ class Routes:
 
     def replay(self, routes: torch.Tensor) -> None:
         """The next forward's routes: [tokens in the routers' order, layers, top_k] (``picked``)."""
+        if tuple(routes.shape[1:]) != self.shape:
+            raise ValueError(f"routing replay: the batch's routed experts are [tokens, {routes.shape[1]} layers, "
+                             f"top-{routes.shape[2]}] but the model has {self.shape[0]} MoE layers routing top-"
+                             f"{self.shape[1]}: the engine returned another model's routes")
         for layer, router in self.routers:
             target = routes[:, layer].long()
             filler = (target < 0).any(-1)

@@ -21,9 +21,10 @@ from rlcore.config.schema import TrainedModelConfig
 from rlcore.data import Batch, sequence_lengths
 from rlcore.converted import ConvertedWeights
 from rlcore.lr_schedule import learning_rate
+from rlcore.megatron.host_memory import to_device, to_host
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
-from rlcore.megatron.routing_replay import RouterTokens, RoutingRecorder, Routes, picked, router_tokens
+from rlcore.megatron.routing_replay import RoutingRecorder, Routes, picked, router_tokens
 from rlcore.multimodal import IMAGE_INPUTS
 from rlcore.routed_experts import ROUTED_EXPERTS
 from rlcore.specs import ModelSpec, OptimizerSpec
@@ -69,35 +70,6 @@ def _padding_fraction(batch: Batch, computed: int, rows: list[list[int]]) -> flo
     included)."""
     lengths = sequence_lengths(batch).tolist()
     return 1.0 - sum(lengths[i] for part in rows for i in part) / computed
-
-
-def to_host(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Copy each tensor to host memory (pinned on CUDA, for fast copies back) and free its device storage; views of
-    it, such as a model's params in Megatron DDP's buffers, stay valid. Returns (tensor, host copy) pairs."""
-    pin = torch.cuda.is_available()
-    moved = []
-    for t in tensors:
-        host = t.detach().to("cpu", copy=True)
-        moved.append((t, host.pin_memory() if pin else host))
-        t.untyped_storage().resize_(0)
-    return moved
-
-
-@torch.no_grad()
-def to_device(moved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Undo ``to_host``: the storage is reallocated and filled from the host copy."""
-    for t, host in moved:
-        t.untyped_storage().resize_(host.numel() * host.element_size())
-        t.copy_(host, non_blocking=True)
-
-
-OFFLOAD_ORDER = ("optimizer", "grads", "params")   # onload runs the other way round
-
-
-def offloaded_parts(offload) -> list[str]:
-    """What an ``offload`` config section (actor.offload, critic.offload) moves to host memory, in the one order
-    every trainable offloads in: the optimizer's state first, the parameters last (a weight push reads them)."""
-    return [what for what in OFFLOAD_ORDER if offload is not None and getattr(offload, what)]
 
 
 class MegatronTrainable:
@@ -218,8 +190,8 @@ class MegatronTrainable:
              ) -> tuple[list[dict], list, float]:
         """The pipeline schedule over ``batch``'s micro-batches: the schedule's per-micro-batch results, each
         micro-batch's rows with its per-token output (``loss_fn`` None), and the share of the positions computed
-        that were padding. MoE layers replay the batch's routes where this model does (``replays_routes``) unless
-        not to ``replay``; a ``recorder`` reads the routing they used."""
+        that were padding. With ``replay``, a model that replays routes (``replays_routes``) sends the batch's
+        tokens to their routed experts; a ``recorder`` reads the routing its MoE layers used."""
         from contextlib import nullcontext
 
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -236,7 +208,8 @@ class MegatronTrainable:
             index_of_micro, mb, packed = next(data_iterator)
             # a vision-language model also takes each row's images (rlcore.multimodal), from the rows' metadata
             more = {} if self.spec.vision is None else {"images": [r.get(IMAGE_INPUTS) for r in mb.meta] or None}
-            tokens = self._router_tokens(mb, packed) if routes or recorder else None
+            tokens = (router_tokens(mb, packed, self._cp_index if self.cp_size > 1 else None, self.cfg.parallel)
+                      if routes or recorder else None)
             if routes is not None and tokens is not None:
                 routes.replay(picked(mb[ROUTED_EXPERTS], tokens))
             if packed is not None:   # one row, sequences end to end; outputs go back to the micro-batch's layout
@@ -301,15 +274,6 @@ class MegatronTrainable:
             cut = min(width, max(lengths[i] for i in (part or [0])))
             micro.append(_pad_columns(_select_columns(sub, torch.arange(cut)), self.sequence_multiple))
         return micro, rows
-
-    def _router_tokens(self, mb: Batch, packed) -> RouterTokens:
-        """Where each token this rank's MoE routers see for ``mb`` sits in it (``routing_replay.router_tokens``)."""
-        from megatron.core import parallel_state as mpu
-
-        rows, width = mb["input_ids"].shape
-        return router_tokens((rows, width), packed,
-                             self._cp_index(width) if self.cp_size > 1 and packed is None else None,
-                             mpu.get_tensor_model_parallel_rank(), self.cfg.parallel.tp, self.cfg.parallel.sp)
 
     def _cp_index(self, length: int) -> torch.Tensor:
         from rlcore.megatron.attention import zigzag_positions

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from rlcore.megatron.trainable import offloaded_parts
+from rlcore.megatron.host_memory import offloaded_parts
 from rlcore.specs import RolloutBackend
 from rlcore.lora.sync import AdapterSync
 

@@ -8,7 +8,7 @@ from rlcore.config import Config
 from rlcore.data import Batch
 from rlcore.losses import aggregate
 from rlcore.lr_schedule import total_updates
-from rlcore.megatron.trainable import offloaded_parts
+from rlcore.megatron.host_memory import offloaded_parts
 from rlcore.workers.offloading import OffloadingWorker
 from rlcore.workers.worker import parallel_coords
 

@@ -7,7 +7,7 @@ import torch
 
 from rlcore.config import Config
 from rlcore.data import Batch
-from rlcore.megatron.trainable import offloaded_parts
+from rlcore.megatron.host_memory import offloaded_parts
 from rlcore.workers.offloading import OffloadingWorker
 from rlcore.workers.worker import parallel_coords
 
