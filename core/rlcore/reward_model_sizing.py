@@ -27,7 +27,7 @@ def reward_model_spec(cfg: Config, models: dict, hf: dict):
     its files' score head included; with reward_model.hf_config, the config's part of it) and its parallel sizes fit
     its world as the config loader checks them; a ConfigError in one line naming the key otherwise."""
     from rlcore.config import reward_model_world
-    from rlcore.config.loader import _check_layout
+    from rlcore.config.checks import check_layout
     from rlcore.megatron.reward_model import check_classifier_config, check_reward_model
 
     rm = cfg.reward_model
@@ -39,7 +39,7 @@ def reward_model_spec(cfg: Config, models: dict, hf: dict):
         raise ConfigError(f"{key} {given!r}: {e}") from None
     world_key = ("reward_model.world_size" if rm.world_size else "trainer.world_size"
                  if cfg.trainer.mode == "colocated" else "rollout.world_size")
-    _check_layout("reward_model", rm, reward_model_world(cfg), world_key)
+    check_layout("reward_model", rm, reward_model_world(cfg), world_key)
     return spec
 
 
