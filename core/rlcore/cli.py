@@ -58,6 +58,8 @@ def cmd_run(args) -> int:
     cfg = load_config(source, overrides)           # config errors surface before anything starts
     plugins = plugins or load_plugins(parse_selection(args.plugins))
     if args.dry_run:
+        from rlcore.dry_run import command as dry_run
+
         return dry_run(cfg, plugins)
     import torch
 
@@ -100,33 +102,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def dry_run(cfg, plugins) -> int:
-    from rlcore.config import bind_plugin_section
-    from rlcore.dry_run import dry_run as check
-    from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
-    from rlcore.run import check_agent
-    from rlcore.sizing import read_model_config
-
-    reg = plugins.registry
-    algorithm = reg.get("algorithms", cfg.algorithm["name"])
-    algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
-    check_agent(cfg, reg)
-    check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
-    hf_config = read_model_config(cfg)
-    if cfg.model.path:
-        check_converted_dtype(cfg, os.path.expanduser(cfg.model.path))
-    check_rollout_backend(cfg, reg, hf_config, here=False)
-    check_context(cfg, hf_config)
-    problems, report = check(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg),
-                             reg.models)
-    if problems:
-        print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
-              file=sys.stderr)
-        return 2
-    print(report)
-    return 0
-
-
 def _resumed(run_dir: str, source: str | None, overrides: list[str]) -> tuple[str, list[str]]:
     """``--resume <run dir>``: the run's own config, then any overrides."""
     from rlcore.errors import ConfigError
@@ -165,6 +140,7 @@ def cmd_train_rm(args) -> int:
 
 def cmd_diagnose(args) -> int:
     from rlcore import diagnose
+    from rlcore.dry_run import command as dry_run
     from rlcore.plugins import parse_selection
 
     source, overrides = _split_args(args.args)

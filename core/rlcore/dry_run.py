@@ -2,6 +2,9 @@
 device and per node (``rlcore.sizing``, ``rlcore.reward_model_sizing``), without any device."""
 from __future__ import annotations
 
+import os
+import sys
+
 from rlcore.config.schema import Config
 from rlcore.errors import ConfigError
 from rlcore.megatron.vision import tower_parameters
@@ -104,3 +107,31 @@ def routes_line(cfg: Config, r: dict, dp: int) -> str:
                  f"share(s) among its {r['devices']} workers): {size(r['node_response'])}, up to "
                  f"{size(r['node_context'])} per node")
     return line
+
+
+def command(cfg: Config, plugins) -> int:
+    """``rlcore run --dry-run``: what the run would check before any worker starts, then the report; the exit
+    code (2: the layout does not fit)."""
+    from rlcore.config import bind_plugin_section
+    from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
+    from rlcore.run import check_agent
+    from rlcore.sizing import read_model_config
+
+    reg = plugins.registry
+    algorithm = reg.get("algorithms", cfg.algorithm["name"])
+    algo_cfg = bind_plugin_section("algorithm", dict(cfg.algorithm), algorithm.config_cls)
+    check_agent(cfg, reg)
+    check_optimizers(cfg, reg, algorithm.needs_critic(algo_cfg))
+    hf_config = read_model_config(cfg)
+    if cfg.model.path:
+        check_converted_dtype(cfg, os.path.expanduser(cfg.model.path))
+    check_rollout_backend(cfg, reg, hf_config, here=False)
+    check_context(cfg, hf_config)
+    problems, report = dry_run(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg),
+                               reg.models)
+    if problems:
+        print("rlcore: error: the layout does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems),
+              file=sys.stderr)
+        return 2
+    print(report)
+    return 0

@@ -80,7 +80,7 @@ def test_offloading_the_optimizer_moves_its_memory_to_the_host(registry):
      "critic.optim.offload_fraction = 1 needs the hybrid CPU/GPU optimizer"),
 ])
 def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrides, expected):
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
     from rlcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=expected):
@@ -89,7 +89,7 @@ def test_dry_run_refuses_an_offload_fraction_its_optimizer_does_not_take(overrid
 
 def test_dry_run_refuses_a_config_of_another_family_in_one_line():
     """Qwen3-30B-A3B's config under model.family=qwen3 (the dense family): named, not a KeyError from the mapping."""
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
     from rlcore.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"model config 'qwen3-30b-a3b': it holds a Qwen3MoeForCausalLM checkpoint "
@@ -101,7 +101,7 @@ def test_dry_run_refuses_a_quantization_the_run_cannot_load(tmp_path):
     """A published DeepSeek-V3 config with its block FP8 quantization plans; the same model in GPTQ is refused."""
     import json
 
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
     from rlcore.errors import ConfigError
     from rlcore_testing.models import published_config
 
@@ -132,7 +132,7 @@ def test_cli_dry_run_prints_the_plan_and_exits(tmp_path):
 def test_a_reference_policy_is_counted_where_it_lives(registry, capsys):
     """With a KL term the frozen reference is a second copy of the parameters: on the device, or (offloaded, the
     default where the actor offloads its params, as this preset does) in the host's share per node."""
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
     from rlcore.megatron.model import transformer_config
     from rlcore.sizing import estimate, read_model_config
 
@@ -159,7 +159,7 @@ def test_a_reference_policy_is_counted_where_it_lives(registry, capsys):
 
 
 def test_an_async_plan_names_its_rollout_workers(registry, capsys):
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
 
     for tp, workers, gib in ((1, 2, "56.9"), (2, 1, "28.4")):
         cfg = load_config("qwen3-30b-a3b-8gpu", ["trainer.mode=async", "rollout.world_size=2", f"rollout.tp={tp}",

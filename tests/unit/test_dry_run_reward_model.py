@@ -38,7 +38,7 @@ def plan(registry, *overrides):
 
 
 def test_the_671b_preset_with_a_70b_reward_model_validates(registry, capsys):
-    from rlcore.cli import dry_run as cli_dry_run
+    from rlcore.dry_run import command as cli_dry_run
 
     assert cli_dry_run(load_config(PRESET, WITH_RM), load_plugins(PLUGINS)) == 0
     report = capsys.readouterr().out
