@@ -38,7 +38,7 @@ def tool_run(tmp_path, *overrides):
     (["agent.tool_timeout_s=soon"], ConfigError, "config key 'agent.tool_timeout_s' has an invalid value 'soon'"),
 ])
 def test_a_bad_agent_section_is_refused_before_anything_starts(tmp_path, plugins, overrides, error, line):
-    from rlcore.cli import dry_run
+    from rlcore.dry_run import command as dry_run
     from rlcore.run import Run
 
     for build in (lambda cfg: Run(cfg, plugins), lambda cfg: dry_run(cfg, plugins)):

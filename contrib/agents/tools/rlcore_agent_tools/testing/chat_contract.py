@@ -454,8 +454,8 @@ def reencoding_transcript(tokenizer) -> Callable[[list[int]], Transcript]:
     """A transcript that decodes each sampled turn and encodes it again, as agents that keep text do (TRL#5144)."""
 
     class Reencoding(Transcript):
-        def sampled(self, tokens: list[int], logprobs: list[float]) -> None:
+        def sampled(self, tokens: list[int], logprobs: list[float], routed_experts=None) -> None:
             again = tokenizer.encode(tokenizer.decode(tokens), add_special_tokens=False)
-            super().sampled(again, (list(logprobs) + [0.0] * len(again))[:len(again)])
+            super().sampled(again, (list(logprobs) + [0.0] * len(again))[:len(again)], routed_experts)
 
     return Reencoding
