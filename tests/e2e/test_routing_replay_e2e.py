@@ -41,8 +41,8 @@ def test_stale_batches_route_differently_live_and_the_replayed_update_is_closer_
 
 def test_resumed_requests_carry_complete_routes_in_order_across_kill_and_resume(tmp_path):
     run_dir = tmp_path / "run"
-    slow = ("warm_start.steps=0", "rollout.partial=true", "rollout.max_response_len=48", "actor.lora.rank=4",
-            "actor.lora.alpha=8")    # untrained: responses run to their budget, so weight pushes abort them
+    slow = ("warm_start.steps=0", "rollout.partial=true", "rollout.max_response_len=32", "trainer.prompts_per_step=8",
+            "actor.lora.rank=4", "actor.lora.alpha=8")   # untrained: responses run to their budget, pushes abort them
     checkpoint = run_dir / "checkpoints" / f"step_{EVERY:08d}"
     kill_when(replay_run(run_dir, *slow), lambda: len(logged(run_dir)) > EVERY and checkpoint.exists())
     run_to_end(rlcore_run(run_dir, None, "--resume", plugins="qwen3,grpo,hf"))
@@ -59,9 +59,9 @@ def test_resumed_requests_carry_complete_routes_in_order_across_kill_and_resume(
 @pytest.mark.parametrize("layout", [("actor.parallel.tp=2", "actor.parallel.sp=true"), ("actor.parallel.pp=2",)],
                          ids=["tp2-sp", "pp2"])
 def test_the_engines_routes_reach_the_learners_tokens_at_tp2_and_pp2(tmp_path, layout):
-    history = run_grpo_smoke("qwen3,grpo,hf", "qwen3_moe", str(tmp_path / "run"), 3, "rollout.backend=hf",
+    history = run_grpo_smoke("qwen3,grpo,hf", "qwen3_moe", str(tmp_path / "run"), 2, "rollout.backend=hf",
                              "actor.moe.routing_replay=rollout", "actor.entropy_coef=0.01", "trainer.world_size=2",
-                             "warm_start.steps=0", *layout)
+                             "warm_start.steps=0", "trainer.prompts_per_step=8", *layout)
     assert all(h["routing/rows_incomplete"] == 0 for h in history)
     assert all(h["routing/token_differs_frac"] == 0 for h in history), [h["routing/token_differs_frac"]
                                                                       for h in history]
