@@ -153,7 +153,8 @@ class VLLMRollout(RolloutBackend):
                 try:
                     request.routed_experts = routes_of(self._routes_so_far(request_id),
                                                        request.extra + len(request.tokens) - 1, self._hf_config)
-                except RuntimeError as error:   # vLLM's internals moved: the aborted part goes without routes
+                except (RuntimeError, AttributeError, KeyError) as error:
+                    # vLLM's internals moved, or it has no rows yet: the aborted part goes without routes
                     log.warning("aborted request %r keeps no routed experts: %s", request_id, error)
             self.llm.llm_engine.abort_request([request_id])
             self._in_flight.finish(request_id, "abort", self.version)
