@@ -30,7 +30,7 @@ held-out accuracy >= ``--threshold``, as its step and the sum of ``time/step`` u
 colocated run's. Goals: >= 1.4x on the quickstart and >= 1.6x long-tailed (issue 26), >= 1.5x slow-world (issue 39),
 reaching the threshold no later.
 ``--smoke`` (tests/integration/test_bench_smoke.py): the long-tailed and slow-world workloads (so the plugin's
-agents too) unless ``--workloads`` is given, colocated on one worker and async at staleness 0 without partial, 3
+agents too) unless ``--workloads`` is given, colocated on one worker and async at staleness 0 without partial, 2
 steps of 4 prompts x 2 samples (evaluated on 8 held-out prompts at step 2, the first left out), from the model as
 built (no warm start; SMOKE, its cache with the runs).
 The runs' folder is removed after a run that ends well, unless it is ``--keep``'s.
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--partial", help="rollout.partial values of the async runs (default: false,true; "
                                           "--smoke: false)")
     parser.add_argument("--keep", help="keep the runs (run dirs and logs) here")
-    parser.add_argument("--smoke", action="store_true", help="3 small steps, no warm start: a check that it runs")
+    parser.add_argument("--smoke", action="store_true", help="2 small steps, no warm start: a check that it runs")
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args()
     smoke = dict(workloads="long-tailed,slow-world", staleness="0", partial="false") if args.smoke else \
@@ -198,7 +198,7 @@ def main() -> None:
     root = args.keep or tempfile.mkdtemp(prefix="async-throughput-")
     os.makedirs(root, exist_ok=True)
     if args.smoke:
-        args.steps, args.eval_every, args.warmup = 3, 2, 1
+        args.steps, args.eval_every, args.warmup = 2, 2, 1
         args.overrides = [*SMOKE, f"warm_start.cache_dir={os.path.join(root, 'warm_start')}", *args.overrides]
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; runs in {root}", flush=True)
     speedups = {}
