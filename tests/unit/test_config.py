@@ -31,6 +31,21 @@ def test_a_word_yaml_reads_as_a_boolean_stays_a_word_for_a_string_key():
         load_config("quickstart", ["actor.moe.routing_replay=on"])
 
 
+def test_a_files_unquoted_off_for_a_string_key_is_refused_asking_for_quotes(tmp_path):
+    """In a file the word cannot be recovered (YAML made it a boolean): refused in one line; quoted, it loads, and a
+    boolean key still takes off."""
+    f = tmp_path / "replay.yaml"
+    f.write_text("actor:\n  moe:\n    routing_replay: off\nrun:\n  progress: off\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(str(f))
+    assert str(refused.value) == (f"config file {str(f)!r}: actor.moe.routing_replay = false, which YAML made of an "
+                                  f"unquoted on/off/yes/no, but the key takes a word: quote it, e.g. "
+                                  f"actor.moe.routing_replay: 'off'")
+    f.write_text("actor:\n  moe:\n    routing_replay: 'off'\nrun:\n  progress: off\n")
+    cfg = load_config(str(f))
+    assert cfg.actor.moe.routing_replay == "off" and cfg.run.progress is False
+
+
 def test_misspelled_key_suggests_the_right_one():
     with pytest.raises(ConfigError, match=r"unknown config key 'trainer.stpes'.*did you mean 'steps'"):
         load_config("quickstart", ["trainer.stpes=5"])

@@ -66,6 +66,7 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
             raise ConfigError(f"override {item!r} is not of the form key=value (e.g. trainer.steps=5)")
     try:
         base, given = _read_yaml(source or DEFAULT_PRESET), OmegaConf.from_dotlist(_words_kept(schema, overrides))
+        _no_booleans_for_words(schema, base, source or DEFAULT_PRESET)
         _drop_options_of_another_task(base, given)
         for layer in (base, given):
             _one_value_as_list(schema, layer)
@@ -118,6 +119,20 @@ def _words_kept(schema: DictConfig, overrides: Sequence[str]) -> list[str]:
         quoted = isinstance(node, StringNode) and value.strip().lower() in YAML11_BOOLEANS
         out.append(f"{key}='{value.strip()}'" if quoted else item)
     return out
+
+
+def _no_booleans_for_words(schema: DictConfig, layer: DictConfig, source: str, prefix: str = "") -> None:
+    """A YAML file's unquoted ``off`` (``on``, ``yes``, ``no``) is a boolean to YAML 1.1: for a key the schema types
+    as a word it would arrive as 'False'; refused in one line asking for quotes (the command line quotes them
+    itself: ``_words_kept``)."""
+    for key in map(str, layer.keys()):
+        node, value = schema._get_node(key) if key in schema else None, layer._get_node(key)
+        if isinstance(node, DictConfig) and isinstance(value, DictConfig):
+            _no_booleans_for_words(node, value, source, f"{prefix}{key}.")
+        elif isinstance(node, StringNode) and value is not None and isinstance(value._value(), bool):
+            name = prefix + key
+            raise ConfigError(f"config file {source!r}: {name} = {str(value._value()).lower()}, which YAML made of "
+                              f"an unquoted on/off/yes/no, but the key takes a word: quote it, e.g. {name}: 'off'")
 
 
 def _one_value_as_list(schema: DictConfig, given: DictConfig) -> None:
