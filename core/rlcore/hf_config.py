@@ -2,7 +2,15 @@
 cannot map a value exactly."""
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
+
+
+def read_config_json(path: str) -> dict:
+    """A checkpoint directory's config.json (or that file itself), as written."""
+    with open(path if path.endswith(".json") else os.path.join(path, "config.json")) as f:
+        return json.load(f)
 
 
 def with_transformers_defaults(raw: dict) -> dict:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from rlcore.convert import Layout, Rename, WeightConverter
 from rlcore.hf_checkpoint import HFCheckpoint, TensorSpec, unused_names, write_sharded
 from rlcore.hf_checkpoint import log as load_log
-from rlcore.hf_config import with_transformers_defaults
+from rlcore.hf_config import read_config_json, with_transformers_defaults
 from rlcore.converted import ConvertedWeights, is_converted
 from rlcore.quantization import checkpoint_quantization
 from rlcore.specs import ModelSpec
@@ -31,8 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def read_hf_config(path: str) -> dict:
     """A checkpoint directory's config.json (or that file itself), as transformers reads it."""
-    with open(path if path.endswith(".json") else os.path.join(path, "config.json")) as f:
-        return with_transformers_defaults(json.load(f))
+    return with_transformers_defaults(read_config_json(path))
 
 
 def read_hf_weights(path: str) -> HFCheckpoint:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
 import multiprocessing
 import os
@@ -22,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from rlcore.hf_config import read_config_json
 from rlcore.specs import Completion, RolloutBackend, Sampling
 from rlcore_rollout_sglang.replica import Replica
 
@@ -49,7 +49,7 @@ class SGLangRollout(RolloutBackend):
         self._in_flight: dict[str, _Request] = {}      # the engine's requests, by the caller's request id
         self._unsent: list[_Request] = []              # added since the last batch went to the engine
         self._sending: set[asyncio.Task] = set()
-        self._hf_config = _hf_config(model_path) if routed_experts else None
+        self._hf_config = read_config_json(model_path) if routed_experts else None
         if not self.replica.leads:
             return
         cpu = not torch.cuda.is_available()
@@ -400,10 +400,6 @@ def _routes(encoded: Any, tokens_fed: int, hf_config: dict) -> torch.Tensor:
     return from_engine(flat.reshape(tokens_fed, hf["num_hidden_layers"], hf["num_experts_per_tok"]), hf_config)
 
 
-def _hf_config(model_path: str) -> dict:
-    with open(os.path.join(model_path, "config.json")) as f:
-        return json.load(f)
-
 
 def _finish_reason(reason: dict | None) -> str:
     """SGLang's ``{"type": "stop"|"length"|"abort", ...}`` as vLLM's finish reason string."""
@@ -423,7 +419,7 @@ def _check(result: Any, what: str) -> None:
 
 def _kv_cache_tokens(model_path: str, gib: float) -> int:
     """Tokens of KV cache that ``gib`` GiB hold for the checkpoint at ``model_path`` (fp32 on CPU)."""
-    hf = _hf_config(model_path)
+    hf = read_config_json(model_path)
     heads = hf.get("num_key_value_heads", hf["num_attention_heads"])
     head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     per_token = 2 * hf["num_hidden_layers"] * heads * head_dim * 4

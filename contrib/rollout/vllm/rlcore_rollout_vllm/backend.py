@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
+from rlcore.hf_config import read_config_json
 from rlcore.rollout.in_flight import InFlight
 from rlcore.specs import Completion, RolloutBackend, Sampling
 
@@ -67,7 +68,7 @@ class VLLMRollout(RolloutBackend):
         self._adapters = ServedAdapter() if lora_rank else None
         if lora_rank:
             options.update(enable_lora=True, max_lora_rank=_vllm_lora_rank(lora_rank), max_loras=1)
-        self._hf_config = _hf_config(model_path) if routed_experts else None
+        self._hf_config = read_config_json(model_path) if routed_experts else None
         if routed_experts:
             options["enable_return_routed_experts"] = True
         self.image_token_id = _image_token_id(model_path)
@@ -294,16 +295,11 @@ def routes_of(rows, tokens_fed: int, hf_config: dict) -> torch.Tensor:
     return from_engine(rows, hf_config)
 
 
-def _hf_config(model_path: str) -> dict:
-    with open(os.path.join(model_path, "config.json")) as f:
-        return json.load(f)
-
 
 def _image_token_id(model_path: str) -> int | None:
     """The checkpoint's image placeholder (a vision-language model's config.json has one), else None."""
     try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            config = json.load(f)
+        config = read_config_json(model_path)
     except OSError:
         return None
     return config.get("image_token_id") if "vision_config" in config else None
