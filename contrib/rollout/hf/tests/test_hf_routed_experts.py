@@ -15,7 +15,7 @@ from rlcore.rollout.requests import run
 from rlcore.specs import Completion, RolloutBackend, Sampling
 from rlcore_testing.contract import RegisteredBackend, contract_hf_config
 from rlcore_testing.models import write_checkpoint
-from rlcore_testing.rollout import ROUTED_EXPERTS_CHECKS, build_moe_contract, moe_hf_config
+from rlcore_testing.routed_experts import ROUTED_EXPERTS_CHECKS, build_moe_contract, moe_hf_config
 from rlcore_rollout_hf import HFRollout
 
 PROMPT = [7, 3, 11, 5, 2, 9, 4]
@@ -129,7 +129,7 @@ def test_a_multi_turn_episodes_routes_cover_its_observations_from_the_next_turns
     episode's routes cover every token fed, the observation's from the second turn's prefill, and equal
     transformers' routing of the whole episode (the weights do not change between the turns)."""
     from rlcore_agent_tools.chat import Transcript
-    from rlcore_testing.rollout import reference_routes
+    from rlcore_testing.routed_experts import reference_routes
 
     transcript = Transcript(PROMPT)
     for turn in range(2):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from rlcore_testing.contract import LOGPROB_TOLERANCE, Contract, Factory, RegisteredBackend, build_contract
-from rlcore_testing.rollout import CHECKS, ROUTED_EXPERTS_CHECKS, build_moe_contract, moe_hf_config
+from rlcore_testing.rollout import CHECKS
+from rlcore_testing.routed_experts import ROUTED_EXPERTS_CHECKS, build_moe_contract, moe_hf_config
 
 _ALL_CHECKS = {**CHECKS, **ROUTED_EXPERTS_CHECKS}
 
