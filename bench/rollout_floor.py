@@ -103,7 +103,7 @@ def offline(backend: str, engine, prompts, n, sampling, seeds) -> list[list[list
         outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [[list(o.token_ids) for o in out.outputs] for out in outputs]
     if backend == "sglang":
-        from rlcore_rollout_sglang.backend import _sampling_params
+        from rlcore_rollout_sglang.messages import sampling_params as _sampling_params
 
         outputs = engine.engine.generate(input_ids=[p for p in prompts for _ in range(n)],
                                          sampling_params=[_sampling_params(sampling, seed + j)

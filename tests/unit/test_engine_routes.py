@@ -102,7 +102,7 @@ def test_vllm_routes_of_refuse_missing_or_miscounted_rows(registry):
 # SGLang: meta_info["routed_experts"], base64 of int32 [tokens fed, every decoder layer, top_k].
 
 def test_sglang_routes_decode_its_base64(registry):
-    from rlcore_rollout_sglang.backend import _routes
+    from rlcore_rollout_sglang.messages import routes_of as _routes
 
     hf = tiny(registry, "deepseek_v3", num_hidden_layers=3)
     rows = np.array([[[0, 0], [5, 1], [2, 3]]] * 4, dtype=np.int32)

@@ -23,6 +23,8 @@ import torch
 
 from rlcore.hf_config import read_config_json
 from rlcore.specs import Completion, RolloutBackend, Sampling
+from rlcore_rollout_sglang.messages import (check_result, finish_reason, in_shared_memory, kv_cache_tokens,
+                                            outcome, routes_of, sampling_params)
 from rlcore_rollout_sglang.replica import Replica
 
 BUCKET_BYTES = 256 << 20    # weights handed to the engine per update_weights_from_tensor call
@@ -84,7 +86,7 @@ class SGLangRollout(RolloutBackend):
                         # at start, which the other ranks' engines loading on the same host also take (a fixed
                         # 0.05 failed it for a 0.5B model, 0.17 with two engines starting at once)
                         mem_fraction_static=0.9,
-                        max_total_tokens=_kv_cache_tokens(model_path, cfg.kv_cache_gib))
+                        max_total_tokens=kv_cache_tokens(model_path, cfg.kv_cache_gib))
         args.update(engine_overrides)
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         start_method = multiprocessing.get_start_method(allow_none=True)
@@ -114,7 +116,7 @@ class SGLangRollout(RolloutBackend):
         if request_id in self._asked:       # checked on every rank of a replica, so that all refuse it alike
             raise ValueError(f"generate: request id {request_id!r} is already in flight (ids must be unique among "
                              f"the requests in flight)")
-        params = _sampling_params(sampling, seed if seed is not None else self._rng.getrandbits(62))
+        params = sampling_params(sampling, seed if seed is not None else self._rng.getrandbits(62))
         answer = self._add(request_id, tokens, params) if self.replica.leads else None
         # its own task, which a caller that gives up does not cancel: the replica's other ranks still get the answer
         shared = asyncio.ensure_future(self.replica.share_answer(request_id, answer))
@@ -174,11 +176,11 @@ class SGLangRollout(RolloutBackend):
         routes = None
         if self._hf_config is not None and tokens:     # none sampled (aborted early): no route to replay
             try:
-                routes = _routes(meta.get("routed_experts"), len(request.tokens) + len(tokens) - 1, self._hf_config)
+                routes = routes_of(meta.get("routed_experts"), len(request.tokens) + len(tokens) - 1, self._hf_config)
             except (RuntimeError, ValueError) as error:
                 self._settle(request, error=RuntimeError(f"request {request.request_id!r}: {error}"))
                 return
-        self._settle(request, tokens, [lp for lp, _, _ in meta["output_token_logprobs"]], _finish_reason(reason),
+        self._settle(request, tokens, [lp for lp, _, _ in meta["output_token_logprobs"]], finish_reason(reason),
                      routes=routes)
 
     def _settle(self, request: _Request, tokens: list[int] | None = None, logprobs: list[float] | None = None,
@@ -233,7 +235,7 @@ class SGLangRollout(RolloutBackend):
                 pass
             self.version = version
             return
-        _check(self.engine.begin_weight_update(), "begin_weight_update")
+        check_result(self.engine.begin_weight_update(), "begin_weight_update")
         try:
             bucket: list[tuple[str, torch.Tensor]] = []
             size = 0
@@ -247,25 +249,25 @@ class SGLangRollout(RolloutBackend):
                 self._push(bucket)
             self.flush_cache()
         finally:
-            _check(self.engine.end_weight_update(), "end_weight_update")
+            check_result(self.engine.end_weight_update(), "end_weight_update")
         self.version = version
 
     def _push(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         if not torch.cuda.is_available():
-            bucket = _in_shared_memory(bucket)
-        _check(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False),
+            bucket = in_shared_memory(bucket)
+        check_result(self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False),
                "update_weights_from_tensor")
 
     def release_memory(self) -> None:
         if self.replica.leads:
-            _check(self.engine.release_memory_occupation(tags=self._memory_tags), "release_memory_occupation")
+            check_result(self.engine.release_memory_occupation(tags=self._memory_tags), "release_memory_occupation")
             self._released = list(self._memory_tags)
 
     def resume_memory(self, what: str) -> None:
         """``"weights"`` before a push, ``"kv_cache"`` (with its CUDA graphs) before generating."""
         tags = [t for t in self._released if (t == "weights") == (what == "weights")]
         if self.replica.leads and tags:
-            _check(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
+            check_result(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
             self._released = [t for t in self._released if t not in tags]
 
     def flush_cache(self, timeout: float = 30.0) -> None:
@@ -275,7 +277,7 @@ class SGLangRollout(RolloutBackend):
         deadline = time.monotonic() + timeout
         while True:
             result = self.engine.update_weights_from_tensor(named_tensors=[], flush_cache=True)
-            success, message = _outcome(result)
+            success, message = outcome(result)
             if success:
                 return
             if time.monotonic() > deadline:
@@ -346,81 +348,3 @@ class _Request:
     params: dict
     done: asyncio.Future
     version: int                # the weights its first token was sampled with
-
-
-def _sampling_params(sampling: Sampling, seed: int) -> dict:
-    """SGLang's sampling parameters for one request. ``stream_interval``: a streamed request's first token is sent
-    at once, the rest when it finishes."""
-    params: dict[str, Any] = {"n": 1, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                              "top_k": sampling.top_k, "max_new_tokens": sampling.max_tokens, "sampling_seed": seed,
-                              "stream_interval": sampling.max_tokens}
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.min_tokens:
-        raise ValueError(f"rollout.backend=sglang cannot honour Sampling.min_tokens={sampling.min_tokens}: SGLang "
-                         f"0.5.23 needs its tokenizer for min_new_tokens and rlcore runs it without one "
-                         f"(skip_tokenizer_init); ask without min_tokens, or use rollout.backend=vllm or hf")
-    return params
-
-
-def _in_shared_memory(bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """The bucket copied into one new shared-memory buffer. SGLang pickles CPU tensors for its scheduler by sharing
-    their storage's file descriptor: a resharder slot (a mapped /dev/shm file, already unlinked) has none to share,
-    and an actor parameter's storage would be moved into shared memory in place."""
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for _, t in bucket]     # 64-byte aligned
-    flat = torch.empty(sum(sizes), dtype=torch.uint8).share_memory_()
-    copies, offset = [], 0
-    for (name, tensor), size in zip(bucket, sizes):
-        nbytes = tensor.numel() * tensor.element_size()
-        copy = flat[offset:offset + nbytes].view(tensor.dtype).view(tensor.shape)
-        copy.copy_(tensor)
-        copies.append((name, copy))
-        offset += size
-    return copies
-
-
-def _routes(encoded: Any, tokens_fed: int, hf_config: dict) -> torch.Tensor:
-    """A finished request's routed experts as a completion carries them (``rlcore.routed_experts``), from SGLang's
-    ``meta_info["routed_experts"]``: base64 of int32 [tokens fed, every decoder layer, top_k] (dense layers' rows are
-    zeros), for the prompt and every sampled token but the last."""
-    import base64
-
-    import numpy as np
-
-    from rlcore.routed_experts import from_engine
-
-    if encoded is None:
-        raise RuntimeError(f"SGLang returned no routed experts for {tokens_fed} tokens fed although asked")
-    hf = hf_config.get("text_config") or hf_config
-    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
-    per_token = hf["num_hidden_layers"] * hf["num_experts_per_tok"]
-    if flat.size != tokens_fed * per_token:
-        raise RuntimeError(f"SGLang returned {flat.size / per_token:g} tokens' routed experts for {tokens_fed} tokens "
-                           f"fed ({hf['num_hidden_layers']} layers x top {hf['num_experts_per_tok']} each)")
-    return from_engine(flat.reshape(tokens_fed, hf["num_hidden_layers"], hf["num_experts_per_tok"]), hf_config)
-
-
-
-def _finish_reason(reason: dict | None) -> str:
-    """SGLang's ``{"type": "stop"|"length"|"abort", ...}`` as vLLM's finish reason string."""
-    return (reason or {}).get("type", "")
-
-
-def _outcome(result: Any) -> tuple[bool, str]:
-    """SGLang's calls answer ``(success, message)`` or an object with both."""
-    return (result.success, result.message) if hasattr(result, "success") else (result[0], result[1])
-
-
-def _check(result: Any, what: str) -> None:
-    success, message = _outcome(result)
-    if not success:
-        raise RuntimeError(f"SGLang {what} failed: {message}")
-
-
-def _kv_cache_tokens(model_path: str, gib: float) -> int:
-    """Tokens of KV cache that ``gib`` GiB hold for the checkpoint at ``model_path`` (fp32 on CPU)."""
-    hf = read_config_json(model_path)
-    heads = hf.get("num_key_value_heads", hf["num_attention_heads"])
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    per_token = 2 * hf["num_hidden_layers"] * heads * head_dim * 4
-    return max(1024, int(gib * (1 << 30)) // per_token)
