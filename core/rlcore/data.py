@@ -9,6 +9,8 @@ from typing import Sequence
 
 import torch
 
+from rlcore.routed_experts import ROUTED_EXPERTS
+
 
 @dataclass
 class Batch:
@@ -51,7 +53,7 @@ def _raw(t: torch.Tensor) -> tuple:
 
 # what the workers only read (index, never write): left in the object store's shared memory, one copy per node for
 # all its ranks rather than one per rank; the routed experts (rlcore.routed_experts) are most of a batch's bytes
-READ_IN_PLACE = frozenset({"routed_experts"})
+READ_IN_PLACE = frozenset({ROUTED_EXPERTS})
 
 
 def _unpickle_batch(raw: dict[str, tuple], meta: list[dict]) -> Batch:
