@@ -1,6 +1,7 @@
 """How tests start, watch and kill `rlcore run` as a user would run it: the checkpoint tests kill a whole run and
 resume it, the dead-worker test kills one of its Ray workers."""
 import atexit
+import glob
 import json
 import os
 import shutil
@@ -154,6 +155,20 @@ def run_processes(driver_pid: int) -> list[psutil.Process]:
             except psutil.NoSuchProcess:
                 pass
     return found
+
+
+def shm_segments() -> set[str]:
+    """rlcore's /dev/shm segments now (weight pushes, resharder slots, vLLM's LoRA adapter directories)."""
+    return set(glob.glob("/dev/shm/rlcore-*"))
+
+
+def shm_left(before: set[str], lora: bool = False) -> list[str]:
+    """The segments made since ``before`` and still there, of the kinds a run makes: a run without LoRA makes no
+    adapter directory, and one seen is another test's, alive as long as that test's engine (tens of seconds)."""
+    new = {p for p in shm_segments() - before if lora or not os.path.basename(p).startswith("rlcore-lora-")}
+    if new:
+        time.sleep(2)            # a segment of another test's run lives for milliseconds (created, mapped, unlinked)
+    return sorted(p for p in new if os.path.exists(p))
 
 
 def async_quickstart(run_dir, warm_start_cache, *extra, plugins="qwen3,grpo,vllm", steps=5):

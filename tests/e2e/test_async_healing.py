@@ -4,20 +4,18 @@ finishes every step; `rlcore scale` adds a worker to a running job and removes o
 trained once at most and every draw before the last ones whole (a ledger of the prompt ids each step trained,
 written by a plugin's ``rlcore_rollout_end`` hook), the staleness bound holds, the engine check holds on every worker
 (new ones included) and nothing is left running after the run."""
-import glob
 import json
 import os
 import random
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from runs import (ENV, async_quickstart, install_distribution, logged, ray_workers, run_cli, run_processes, start,
-                  wait_until)
+from runs import (ENV, async_quickstart, install_distribution, logged, ray_workers, run_cli, run_processes, shm_left,
+                  shm_segments, start, wait_until)
 from test_async_failures import outliving, title
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
@@ -107,7 +105,7 @@ def check_ledger(lines: list[dict], steps: int) -> None:
 def test_rollout_workers_killed_at_random_are_replaced_and_the_run_trains_each_prompt_once(tmp_path, warm_start_cache,
                                                                                           seed):
     steps = 60
-    shm_before = set(glob.glob("/dev/shm/rlcore-*"))
+    shm_before = shm_segments()
     run_dir, code, err, lines, victims, seen = ledger_run(tmp_path, warm_start_cache, [3, 8, 20], steps, seed)
     assert code == 0, err[-4000:]
     history = logged(run_dir)
@@ -120,22 +118,14 @@ def test_rollout_workers_killed_at_random_are_replaced_and_the_run_trains_each_p
     assert re.search(r"rollout worker \d serving \(weights v\d+\)", err), err[-4000:]
     assert all(h["check/logprob_max_diff"] < 1e-3 for h in history)
     assert not outliving([p for p in seen if p.pid not in victims], within=30)
-    assert not segments_left(shm_before)
-
-
-def segments_left(before: set[str]) -> list[str]:
-    """The /dev/shm segments of rlcore made since ``before`` and still there."""
-    new = set(glob.glob("/dev/shm/rlcore-*")) - before
-    if new:
-        time.sleep(2)            # a segment of another test's run lives for milliseconds (created, mapped, unlinked)
-    return [p for p in new if os.path.exists(p)]
+    assert not shm_left(shm_before)
 
 
 def test_rlcore_scale_adds_a_rollout_worker_to_a_running_job_and_removes_one(tmp_path, warm_start_cache):
     """Scaled to 3 workers at step 3: the new one serves with the weights of the step it joined at (the engine check
     on it); scaled back to 2 once it serves: one retires; then SIGTERM stops the run (checkpointed, nothing left)."""
     env, ledger = ledger_env(tmp_path)
-    run_dir, shm_before = tmp_path / "run", set(glob.glob("/dev/shm/rlcore-*"))
+    run_dir, shm_before = tmp_path / "run", shm_segments()
     err = tmp_path / "stderr"
 
     def scale(size: int) -> int:
@@ -171,4 +161,4 @@ def test_rlcore_scale_adds_a_rollout_worker_to_a_running_job_and_removes_one(tmp
     assert all(h["async/staleness_max"] <= 1 for h in history)
     assert "Traceback" not in text, text[-4000:]
     assert not outliving(seen, within=30)
-    assert not segments_left(shm_before)
+    assert not shm_left(shm_before)

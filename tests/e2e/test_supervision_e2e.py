@@ -4,7 +4,6 @@ run logged, each step once; SIGTERM to the main process (as Kubernetes sends it 
 async run after a checkpoint of the step under way, exit status 143, nothing of the run left, and `--resume` logs
 what the uninterrupted run logged. The logic under them, and the grace period's watchdog on a real process tree:
 tests/unit/test_supervision.py."""
-import glob
 import json
 import os
 import random
@@ -15,8 +14,8 @@ import time
 import pytest
 
 from rlcore.checkpoint import STATE
-from runs import (EVERY, STEPS, async_quickstart, logged, ray_workers, rlcore_run, run_processes, run_to_end, start,
-                  wait_until, without_timings)
+from runs import (EVERY, STEPS, async_quickstart, logged, ray_workers, rlcore_run, run_processes, run_to_end, shm_left,
+                  shm_segments, start, wait_until, without_timings)
 from test_async_failures import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.parallel]
@@ -69,10 +68,6 @@ def test_a_killed_worker_restarts_the_run_which_logs_what_the_uninterrupted_run_
     assert restarted[0].startswith(f"rlcore: {restart['why']}; "), (restart, restarted[0])
 
 
-def shm_segments() -> set[str]:
-    return set(glob.glob("/dev/shm/rlcore-*"))
-
-
 def sigterm_when(tmp_path, cmd, condition):
     """Start ``cmd``, SIGTERM its main process (only) once ``condition()`` holds: the exit code, the seconds it took
     to exit, its stderr, its processes at the signal, and the /dev/shm segments it left."""
@@ -89,10 +84,7 @@ def sigterm_when(tmp_path, cmd, condition):
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
-    new = shm_segments() - shm_before
-    if new:
-        time.sleep(2)            # a segment of another test's run lives for milliseconds (created, mapped, unlinked)
-    return code, took, (tmp_path / "stderr").read_text(), processes, sorted(p for p in new if os.path.exists(p))
+    return code, took, (tmp_path / "stderr").read_text(), processes, shm_left(shm_before)
 
 
 def stopped_after_a_checkpoint(run_dir, code, took, err, processes, left) -> int:
