@@ -15,7 +15,7 @@ RATIO = r"-?\d+\.\d+"
 
 # each script and the shape of its summary line, the last line it prints
 SMOKES = {
-    "async_throughput.py": rf"async speedup n/a quickstart, {RATIO} long-tailed, {RATIO} slow-world",
+    "async_throughput.py": rf"async speedup n/a quickstart, {RATIO} long-tailed, n/a slow-world",
     "checkpoint_save.py": rf"tp2 +\d+M( +{RATIO}){{4}}( +\d+){{2}} +{RATIO}x, {RATIO}x",
     "dispatch.py": rf"worst dispatch ratio to the copy floor {RATIO}x \(\d+ MB batch, 2 workers\)",
     "load_memory.py": rf"worst load ratio {RATIO}, worst export ratio {RATIO}",
@@ -25,7 +25,7 @@ SMOKES = {
     "reward_model_scoring.py": rf"reward model scoring / plain forward {RATIO}x \(\d+ sequences, \d+ tokens\)",
     "rollout_floor.py": rf"worst per-request/offline {RATIO}x \(vllm (quickstart|long)\)",
     "rollout_healing.py": rf"rollout_healing: steps/s after losing 1 of 2 rollout workers at step 2: {RATIO} vs "
-                          rf"{RATIO} undisturbed \(ratio {RATIO}\); replacement (serving after {RATIO} s|not serving "
+                          r"n/a undisturbed \(ratio n/a\); replacement (serving after -?\d+\.\d+ s|not serving "
                           r"by the end)",
     "routing_replay.py": rf"routing_replay: routes \d+ B/token \(DeepSeek-V3\), step time with replay {RATIO}x, with "
                          rf"replay and live-routing metrics {RATIO}x \(tiny qwen3_moe, hf\)",

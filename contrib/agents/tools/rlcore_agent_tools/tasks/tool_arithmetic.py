@@ -6,6 +6,7 @@ tool and copying its result. RL then has to find out that calling the tool pays:
 the tools agent) rises as the policy learns to call it."""
 from __future__ import annotations
 
+import functools
 import random
 import string
 from dataclasses import dataclass
@@ -98,9 +99,15 @@ class ToolArithmetic(Task):
 
 
 def render(messages: list[dict], generation_prompt: bool) -> str:
+    return chat_template().render(messages=messages, add_generation_prompt=generation_prompt)
+
+
+@functools.cache
+def chat_template():
+    """The chat template compiled once: compiling it for every example was a quarter of the warm start's time."""
     from jinja2 import Template
 
-    return Template(TEMPLATE).render(messages=messages, add_generation_prompt=generation_prompt)
+    return Template(TEMPLATE)
 
 
 def write_tool_tokenizer(directory: str) -> int:
