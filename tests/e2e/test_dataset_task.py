@@ -2,12 +2,12 @@
 verl Parquet file trains through it (real megatron-core, real vLLM) and learns as the built-in task does."""
 import json
 import os
-import subprocess
 import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from runs import ENV, run_cli, run_to_end
 from rlcore_testing.models import reward_gain
 
 from rlcore_plugins.tasks.dataset import _build
@@ -85,14 +85,14 @@ def test_addition_as_verl_parquet_learns_through_the_dataset_task(tmp_path, warm
     cfg = load_config("quickstart", [f"warm_start.cache_dir={warm_start_cache}"])
     model_path = starting_checkpoint(cfg, load_plugins(["qwen3", "grpo", "vllm"]).registry)
     rlcore = [sys.executable, "-m", "rlcore.cli"]
-    subprocess.run(rlcore + ["dataset", "task", "addition", str(tmp_path), "--train-size=3000"], check=True)
+    run_to_end(rlcore + ["dataset", "task", "addition", str(tmp_path), "--train-size=3000"])
     run_dir = tmp_path / "run"
-    result = subprocess.run(
+    result = run_cli(
         rlcore + ["run", "--plugins=qwen3,grpo,vllm", "quickstart", f"model.path={model_path}", "task.name=dataset",
                   f"task.options.train_files=[{tmp_path / 'train.parquet'}]",
                   f"task.options.val_files=[{tmp_path / 'val.parquet'}]", "task.options.chat_template=false",
                   "trainer.steps=80", "trainer.eval_every=40", "run.progress=false", f"run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ENV, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

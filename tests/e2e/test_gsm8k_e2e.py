@@ -4,10 +4,10 @@ megatron-core, validation sampled twice per prompt. It need not learn; every par
 solves nothing, so a small shaping reward from a file (shorter is better) gives the update a gradient."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from runs import ENV, run_cli, run_to_end
 
 
 @pytest.mark.slow
@@ -25,19 +25,19 @@ def test_grpo_on_gsm8k_parquet_with_a_chat_template_and_the_math_reward(tmp_path
     rlcore = [sys.executable, "-m", "rlcore.cli"]
     for split, count, offset in (("train", 24, 0), ("test", 6, 100)):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in gsm8k_lines(count, offset)))
-        subprocess.run(rlcore + ["dataset", "gsm8k", str(tmp_path / f"{split}.jsonl"),
-                                 str(tmp_path / f"{split}.parquet"), f"--split={split}"], check=True)
+        run_to_end(rlcore + ["dataset", "gsm8k", str(tmp_path / f"{split}.jsonl"), str(tmp_path / f"{split}.parquet"),
+                             f"--split={split}"])
     (tmp_path / "shaping.py").write_text("def brevity(responses, metadata):\n"
                                          "    return [-len(r) / 200 for r in responses]\n")
     run_dir = tmp_path / "run"
-    result = subprocess.run(rlcore + [
+    result = run_cli(rlcore + [
         "run", "--plugins=qwen3,grpo,vllm", "quickstart", f"model.path={ckpt}", "task.name=dataset",
         f"task.options.train_files=[{tmp_path / 'train.parquet'}]",
         f"task.options.val_files=[{tmp_path / 'test.parquet'}]", f"task.reward_fn={tmp_path / 'shaping.py'}:brevity", "task.rewards={math: 1.0, brevity: 0.1}",
         "trainer.steps=3", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_response_len=48",
         "trainer.eval_every=2", "trainer.eval_n=2", "trainer.eval_temperature=1.0", "trainer.check_logprobs_every=1",
         "actor.micro_batch_size=16", "actor.optim.lr_warmup_steps=2", "run.progress=false", f"run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        ENV, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     # the first prompt as the model sees it: Qwen3's chat format around GSM8K's question and verl's instruction
     assert ("<|im_start|>user\nTom has" in result.stderr and

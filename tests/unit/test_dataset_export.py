@@ -7,6 +7,7 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
+from runs import run_cli
 
 from rlcore.config import load_config
 from rlcore.datasets import read_prompt_files
@@ -49,8 +50,7 @@ def test_gsm8k_jsonl_becomes_verl_parquet_scored_by_the_gsm8k_reward(tmp_path):
 def test_a_line_that_is_not_gsm8k_is_refused_naming_it(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text(json.dumps(GSM8K_LINES[0]) + "\n" + json.dumps({"question": "q", "answer": "no marker"}) + "\n")
-    result = subprocess.run(RLCORE + ["dataset", "gsm8k", str(bad), str(tmp_path / "x.parquet")],
-                            capture_output=True, text=True)
+    result = run_cli(RLCORE + ["dataset", "gsm8k", str(bad), str(tmp_path / "x.parquet")])
     assert result.returncode == 2
     assert result.stderr.strip() == (f"rlcore: error: {bad}:2: the answer does not end in '#### <number>': "
                                      "'no marker'")
@@ -59,8 +59,7 @@ def test_a_line_that_is_not_gsm8k_is_refused_naming_it(tmp_path):
 
 @pytest.mark.parametrize("options", [[], ["digits=1", "eval_size=20"]])
 def test_a_task_is_exported_as_train_and_val_files(tmp_path, options):
-    result = subprocess.run(RLCORE + ["dataset", "task", "addition", str(tmp_path), "--train-size", "50", *options],
-                            capture_output=True, text=True)
+    result = run_cli(RLCORE + ["dataset", "task", "addition", str(tmp_path), "--train-size", "50", *options])
     assert result.returncode == 0, result.stderr
     train = pq.read_table(tmp_path / "train.parquet").to_pylist()
     val = pq.read_table(tmp_path / "val.parquet").to_pylist()

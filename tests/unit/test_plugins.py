@@ -1,13 +1,12 @@
 """Plugin discovery and selection through real entry points (distributions installed into a temp site dir)."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 from rlcore.errors import PluginError
 from rlcore.plugins import load_plugins, parse_selection
-from runs import install_distribution
+from runs import install_distribution, run_cli
 
 
 @pytest.fixture
@@ -115,7 +114,6 @@ def test_optional_hookimpl_without_a_spec_loads(site):
 def test_misspelled_hookimpl_through_the_cli_is_one_line(site, command):
     install_distribution(site, "rlcore-typo", "fake_rlcore_typo", TYPO_PLUGIN, entry="typo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "rlcore.cli", *command], capture_output=True, text=True, env=env,
-                            timeout=120)
+    result = run_cli([sys.executable, "-m", "rlcore.cli", *command], env, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"rlcore: error: {TYPO_LINE}"], result.stderr[-2000:]

@@ -2,11 +2,11 @@
 and an <image> tag, three GRPO steps colocated and asynchronous, the engine checked against the actor after every
 push on text and image prompts. And the bad inputs a user meets first, each refused in one line naming it."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from runs import ENV, run_cli
 
 from rlcore.config import load_config
 from rlcore.errors import RlcoreError
@@ -39,13 +39,13 @@ def image_rows(root, count: int = 16) -> str:
 
 
 def run(model_dir, train_file: str, run_dir, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_cli(
         [sys.executable, "-m", "rlcore.cli", "run", "--plugins=qwen2_vl,grpo,vllm", "quickstart",
          "model.family=qwen2_vl", f"model.path={model_dir}", "task.name=dataset",
          f"task.options.train_files=[{train_file}]", "task.options.chat_template=false", "trainer.steps=3",
          "trainer.eval_every=0", "trainer.check_logprobs_every=1", "run.progress=false", "trainer.export_hf=false",
          "trainer.loggers=[jsonl]", f"run.dir={run_dir}", *overrides],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env=ENV)
 
 
 @pytest.mark.slow
