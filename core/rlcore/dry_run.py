@@ -33,7 +33,8 @@ def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = No
         return problems, ""
     config = transformer_config(spec, hf, cfg.actor.dtype)          # the model's sizes, unsplit
     tower = tower_parameters(spec.vision, hf) if spec.vision is not None else 0
-    m = estimate(config, hf, cfg, reference, tower)
+    projector = tower_parameters(spec.vision, hf, "projector") if spec.vision is not None else 0
+    m = estimate(config, hf, cfg, reference, tower, projector)
     d = m["per_device"]
     lines = [
         f"model      {spec.name}: {m['total_params'] / 1e9:.1f}B parameters, {config.num_layers} layers"
@@ -55,6 +56,10 @@ def dry_run(cfg: Config, spec, reference: bool = False, models: dict | None = No
                      f"{m['adapters_per_device'] / 1e6:.1f}M adapter parameters per device, the only ones with "
                      f"gradients and optimizer state (the base frozen); the reference policy is the model with "
                      f"its adapters off (no copy)")
+    if cfg.actor.freeze:
+        sizes = {"vision_tower": tower - projector, "projector": projector, "language_model": m["total_params"] - tower}
+        lines.append(f"frozen     {', '.join(f'{part} ({sizes[part] / 1e9:.2f}B)' for part in cfg.actor.freeze)}: "
+                     f"parameters as loaded, without gradients or optimizer state (actor.freeze)")
     if reference and not cfg.actor.lora.rank:
         lines.append(f"reference  {m['reference'] / GIB:.1f} GiB per device, the frozen policy of the KL term: "
                      + ("on the host between its passes (in CPU/node below)" if m["reference_on_host"] else
@@ -113,7 +118,8 @@ def command(cfg: Config, plugins) -> int:
     """``rlcore run --dry-run``: what the run would check before any worker starts, then the report; the exit
     code (2: the layout does not fit)."""
     from rlcore.config import bind_plugin_section
-    from rlcore.preflight import check_context, check_converted_dtype, check_optimizers, check_rollout_backend
+    from rlcore.preflight import (check_context, check_converted_dtype, check_freeze, check_optimizers,
+                                  check_rollout_backend)
     from rlcore.run import check_agent
     from rlcore.sizing import read_model_config
 
@@ -126,6 +132,7 @@ def command(cfg: Config, plugins) -> int:
     if cfg.model.path:
         check_converted_dtype(cfg, os.path.expanduser(cfg.model.path))
     check_rollout_backend(cfg, reg, hf_config, here=False)
+    check_freeze(cfg, reg.get("models", cfg.model.family))
     check_context(cfg, hf_config)
     problems, report = dry_run(cfg, reg.get("models", cfg.model.family), algorithm.needs_reference(algo_cfg),
                                reg.models)

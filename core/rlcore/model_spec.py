@@ -25,6 +25,8 @@ class VisionSpec:
     tiny_files(directory, tokenizer) -> vocabulary size: for a built-in tiny model, adds the family's vision tokens
         to the task's tokenizer (as the last ids, where ``ModelSpec.tiny_hf_config`` puts them) and writes the
         tokenizer and the family's image processor into ``directory``
+    projector_prefix: the name prefix, within the tower, of its projector (the layers that map its features into the
+        language model's embedding width: Qwen's ``merger.``), which ``actor.freeze`` treats as a part of its own
     """
     encoder: Callable[[dict], torch.nn.Module]
     hf_prefix: str
@@ -33,6 +35,7 @@ class VisionSpec:
     image_tokens: Callable[[Sequence[int], dict], list[int]]
     reserved_token_ids: Callable[[dict], tuple[int, ...]]
     tiny_files: Callable[[str, Any], int] | None = None
+    projector_prefix: str = "merger."
 
 
 @dataclass(frozen=True)

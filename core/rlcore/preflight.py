@@ -34,6 +34,24 @@ def check_rollout_backend(cfg: Config, registry: Registry, hf_config: dict[str, 
         backend.check(hf_config, cfg.rollout, here)
 
 
+def check_freeze(cfg: Config, spec: ModelSpec) -> None:
+    """``actor.freeze`` names parts this model has, leaves one to train, and leaves every pipeline stage something."""
+    from rlcore.model_parts import PARTS, VISION_PARTS
+
+    frozen, family = cfg.actor.freeze, cfg.model.family
+    named = [part for part in frozen if part in VISION_PARTS]
+    if named and spec.vision is None:
+        raise ConfigError(f"actor.freeze = {frozen} names {', '.join(named)}, which model.family = {family!r} "
+                          f"lacks (it has no vision tower); remove {', '.join(named)}")
+    if set(PARTS if spec.vision is not None else ["language_model"]) <= set(frozen):
+        raise ConfigError(f"actor.freeze = {frozen} freezes every part of model.family = {family!r}: nothing would "
+                          f"train; leave at least one part out")
+    if "language_model" in frozen and cfg.actor.parallel.pp > 1:
+        raise ConfigError(f"actor.freeze = {frozen} with actor.parallel.pp = {cfg.actor.parallel.pp}: the pipeline "
+                          f"stages after the first hold only the language model, so they would have nothing to "
+                          f"train; use actor.parallel.pp=1, or leave language_model out")
+
+
 def check_images(cfg: Config, engine_takes_images: bool) -> None:
     """What a vision-language model's run needs of the rest of it."""
     if not engine_takes_images:

@@ -21,7 +21,7 @@ from rlcore.learner import Learner
 from rlcore.lora.base import base_fingerprint
 from rlcore.multimodal import ImagePrompts, copy_processor_files
 from rlcore.plugins import LoadedPlugins
-from rlcore.preflight import (check_context, check_converted_dtype, check_layout, check_optimizers,
+from rlcore.preflight import (check_context, check_converted_dtype, check_freeze, check_layout, check_optimizers,
                               check_rollout_backend)
 from rlcore.rewards import build_rewards, functions_only
 from rlcore.rollout.colocated import ColocatedSource
@@ -210,9 +210,10 @@ class Run:
                             self.cfg.rollout.limit_images)
 
     def _check_model(self, hf_config: dict) -> None:
-        """What the model must allow before anything slow starts: the layout (the dry run's check), and room for a
-        response in its context (the longest prompt is checked once the task has rendered them)."""
+        """What the model must allow before anything slow starts: the layout (the dry run's check), the parts
+        actor.freeze names, and room for a response in its context (the longest prompt is checked once the task has rendered them)."""
         check_layout(self.cfg, self.spec, hf_config)
+        check_freeze(self.cfg, self.spec)
         check_context(self.cfg, hf_config)
 
     @property

@@ -144,11 +144,14 @@ class StageParams:
     adapters: float = 0.0   # LoRA parameters of one TP rank (actor.lora)
     expert_adapters: float = 0.0   # of which on routed experts (one EP rank's; their optimizer shard: / expert DP)
     whole: int = 0  # whole on every TP rank: a vision-language model's vision tower (first stage)
+    projector: int = 0   # of which its projector (rlcore.model_parts)
 
 
 def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int, lora=None,
-                 tp: int = 1, ep: int = 1, output_rows: int | None = None, tower: int = 0) -> list[StageParams]:
-    """Parameters of each pipeline stage: embedding (and a vision ``tower`` of that many parameters) on the first,
+                 tp: int = 1, ep: int = 1, output_rows: int | None = None, tower: int = 0,
+                 projector: int = 0) -> list[StageParams]:
+    """Parameters of each pipeline stage: embedding (and a vision ``tower`` of that many parameters, ``projector``
+    of them its projector's) on the first,
     final norm and output layer on the last; with ``lora`` (actor.lora, rank > 0) also a TP rank's adapters.
     ``output_rows``: the output layer's rows, the vocabulary by default (1: a scalar head, a reward model's score
     head)."""
@@ -182,35 +185,44 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
         if s == pp - 1:
             dense += h + (0 if tied and pp == 1 else (vocab_size if output_rows is None else output_rows) * h)
         stages.append(StageParams(dense, sum(e for _, e in layers), stage_adapters, stage_expert_adapters,
-                                  tower if s == 0 else 0))
+                                  tower if s == 0 else 0, projector if s == 0 else 0))
     return stages
 
 
-def estimate(c, hf: dict, cfg: Config, reference: bool = False, tower: int = 0) -> dict:
+def estimate(c, hf: dict, cfg: Config, reference: bool = False, tower: int = 0, projector: int = 0) -> dict:
     """Bytes of model state per device (busiest stage) and per node's CPU, with the offload settings applied;
     ``reference``: the algorithm keeps a frozen reference policy, a second copy of the parameters (with LoRA: none,
     the reference is the model with its adapters off). With LoRA, gradients and optimizer state are the adapters'
-    only: Megatron DDP and the optimizer skip frozen parameters."""
+    only, and with ``actor.freeze`` the parts left unfrozen's: Megatron DDP and the optimizer skip frozen
+    parameters."""
     p, world = cfg.actor.parallel, cfg.trainer.world_size
     dp, expert_dp = world // (p.tp * p.pp * p.cp), world // (p.ep * p.pp)
     lora = cfg.actor.lora.rank > 0
     reference = reference and not lora
     stages = stage_params(c, hf["vocab_size"], bool(hf.get("tie_word_embeddings")), p.pp, p.last_stage_layers,
-                          cfg.actor.lora, p.tp, p.ep, tower=tower)
+                          cfg.actor.lora, p.tp, p.ep, tower=tower, projector=projector)
     bf16 = cfg.actor.dtype == "bfloat16"
     param_bytes = 2 if bf16 else 4
     fraction = cfg.actor.optim.offload_fraction       # hybrid_adam's (the plugin refuses it for adam)
 
+    def trained(s: StageParams) -> tuple[float, float]:
+        """(elements with gradients on one rank, their distributed-optimizer shard), the frozen parts left out."""
+        parts = {"language_model": (s.dense / p.tp + s.experts / p.ep, s.dense / p.tp / dp + s.experts / p.ep /
+                                    expert_dp),
+                 "vision_tower": (s.whole - s.projector, (s.whole - s.projector) / dp),
+                 "projector": (s.projector, s.projector / dp)}
+        kept = [sizes for part, sizes in parts.items() if part not in cfg.actor.freeze]
+        return sum(local for local, _ in kept), sum(shard for _, shard in kept)
+
     def stage_bytes(s: StageParams) -> dict[str, float]:
         local = s.dense / p.tp + s.experts / p.ep + s.whole
-        shard = s.dense / p.tp / dp + s.experts / p.ep / expert_dp + s.whole / dp
-        trained = local
+        with_grads, shard = trained(s)
         if lora:        # only the adapters have gradients and optimizer state (their distributed shard: / dp)
-            trained = s.adapters
+            with_grads = s.adapters
             shard = (s.adapters - s.expert_adapters) / dp + s.expert_adapters / expert_dp
         # a bf16 model's norms are fp32 (rlcore's torch norms): a few thousand elements a layer, counted as bf16
         device, host = optimizer_bytes(shard, shard if bf16 else 0, offloaded_elements(shard, fraction))
-        return dict(params=(local + s.adapters) * param_bytes, grads=trained * 4, optimizer=device, host=host,
+        return dict(params=(local + s.adapters) * param_bytes, grads=with_grads * 4, optimizer=device, host=host,
                     adapters=s.adapters)
 
     worst = max((stage_bytes(s) for s in stages), key=lambda row: row["params"] + row["grads"] + row["optimizer"])

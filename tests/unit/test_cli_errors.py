@@ -24,6 +24,16 @@ def rlcore(*args, timeout=120):
     (["run", "--plugins=qwen3,grpo,vllm", "model.family=qwen3_moe", "actor.moe.routing_replay=rollout"],
      "actor.moe.routing_replay = 'rollout' with rollout.backend = 'vllm': that engine cannot return the experts"),
     (["run", "actor.moe.routing_replay=on"], "actor.moe.routing_replay"),
+    (["run", "actor.freeze=[tower]"], "config key 'actor.freeze' = ['tower'] is not allowed: use a list of parts, "
+                                      "each once, from vision_tower, projector, language_model"),
+    (["run", "actor.freeze=[language_model]", "actor.lora.rank=8"], "LoRA already keeps every base weight as loaded"),
+    (["run", "--plugins=qwen3,grpo,vllm", "actor.freeze=[vision_tower]"],
+     "actor.freeze = ['vision_tower'] names vision_tower, which model.family = 'qwen3' lacks (it has no vision tower)"),
+    (["run", "--plugins=qwen3,grpo,vllm", "actor.freeze=[language_model]"],
+     "actor.freeze = ['language_model'] freezes every part of model.family = 'qwen3': nothing would train"),
+    (["run", "--plugins=qwen2_vl,grpo,vllm", "visual-quickstart", "actor.freeze=[language_model]",
+      "trainer.world_size=2", "actor.parallel.pp=2"],
+     "actor.freeze = ['language_model'] with actor.parallel.pp = 2: the pipeline stages after the first hold only"),
 ])
 def test_mistake_exits_non_zero_with_one_message(args, expected):
     result = rlcore(*args)

@@ -11,6 +11,7 @@ from rlcore.config.schema import Config
 from rlcore.converted import MARKER as CONVERTED
 from rlcore.errors import ConfigError
 from rlcore.lora.config import lora_config
+from rlcore.model_parts import PARTS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -49,6 +50,8 @@ RULES = [  # (key, predicate, what is allowed)
     ("rollout.sync_bucket_mb", lambda v: v > 0, "a number > 0"),
     ("rollout.sync_transport", lambda v: v in ("auto", "shm", "collectives"), "auto, shm or collectives"),
     ("rollout.lora", lambda v: v in ("merged", "adapters"), "merged or adapters"),
+    ("actor.freeze", lambda v: set(v) <= set(PARTS) and len(set(v)) == len(v),
+     f"a list of parts, each once, from {', '.join(PARTS)}"),
     ("trainer.world_size", lambda v: v >= 1, "an integer >= 1"),
     ("trainer.mode", lambda v: v in ("colocated", "async"), "colocated or async"),
     ("rollout.world_size", lambda v: v >= 1, "an integer >= 1"),
@@ -99,6 +102,10 @@ def check_values(cfg: Config) -> None:
     world = cfg.trainer.world_size
     check_layout("actor", cfg.actor, world, "trainer.world_size")
     lora_config(cfg.actor.lora)
+    if cfg.actor.freeze and cfg.actor.lora.rank:
+        raise ConfigError(f"actor.freeze = {cfg.actor.freeze} with actor.lora.rank = {cfg.actor.lora.rank}: LoRA "
+                          "already keeps every base weight as loaded and trains its adapters only; leave "
+                          "actor.freeze empty, or set actor.lora.rank=0 to train the parts left unfrozen")
     if cfg.rollout.lora == "adapters" and not cfg.actor.lora.rank:
         raise ConfigError("rollout.lora = 'adapters' without actor.lora.rank: there are no adapters to send; set "
                           "actor.lora.rank (e.g. 16) to train adapters, or leave rollout.lora=merged")

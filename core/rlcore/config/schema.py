@@ -138,6 +138,9 @@ class ActorConfig(TrainedModelConfig):
     offload: ActorOffloadConfig = field(default_factory=ActorOffloadConfig)
     lora: LoRASection = field(default_factory=LoRASection)
     moe: MoESection = field(default_factory=MoESection)
+    freeze: List[str] = field(default_factory=list)   # parts trained on as loaded, with no gradients or optimizer
+                                  # state (rlcore.model_parts): vision_tower, projector (a vision-language model's)
+                                  # and language_model; e.g. [vision_tower] trains the projector and the LM
     entropy_coef: float = 0.0     # entropy bonus: the loss subtracts this times the policy's token-mean entropy
     logprob_chunk_tokens: int = 4096  # the output layer, log-probabilities and entropy run on this many tokens at a
                                   # time, so [tokens x vocab] logits exist one chunk at a time (0 = all at once)

@@ -49,6 +49,9 @@ class MegatronActor(MegatronTrainable):
     def replays_routes(self) -> bool:
         return self.cfg.moe.routing_replay == "rollout"
 
+    def frozen_parts(self) -> tuple[str, ...]:
+        return tuple(self.cfg.freeze)
+
     def token_outputs(self, output, labels, extras):
         """logp of each label; with ``extras`` also the policy's entropy (with grad only when it is trained on:
         ``actor.entropy_coef`` > 0). ``output`` is what the model returns inside ``_reading_tokens``: logits, or,

@@ -25,6 +25,7 @@ from rlcore.megatron.host_memory import to_device, to_host
 from rlcore.megatron.packing import pack, unpack
 from rlcore.megatron.parallel import init_parallel
 from rlcore.megatron.routing_replay import RoutingRecorder, Routes, picked, router_tokens
+from rlcore.model_parts import freeze
 from rlcore.multimodal import IMAGE_INPUTS
 from rlcore.routed_experts import ROUTED_EXPERTS
 from rlcore.specs import ModelSpec, OptimizerSpec
@@ -93,6 +94,7 @@ class MegatronTrainable:
             from rlcore.lora.layers import add_lora
 
             add_lora(self.model, lora)
+        freeze(self.model, self.frozen_parts(), spec.vision)     # before DDP and the optimizer too
         if optimizer is None:
             self.model.requires_grad_(False)
             self.ddp, self.optimizer = self.model, None
@@ -125,6 +127,10 @@ class MegatronTrainable:
         return build_gpt(self.spec, self.hf_config, self.cfg.dtype, self.cfg.parallel.sp,
                          self.cfg.parallel.last_stage_layers, self.cfg.recompute,
                          routing_replay=self.replays_routes())
+
+    def frozen_parts(self) -> tuple[str, ...]:
+        """Parts of the model trained on as loaded, without gradients (``rlcore.model_parts``); none by default."""
+        return ()
 
     def replays_routes(self) -> bool:
         """The MoE layers replay the batch's routed experts (``rlcore.megatron.routing_replay``)."""

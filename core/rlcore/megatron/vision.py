@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from megatron.core.models.gpt import GPTModel
 
+from rlcore.model_parts import TOWER, part_of
 from rlcore.multimodal import ImageInputs, concatenated
 
 if TYPE_CHECKING:
@@ -29,8 +30,10 @@ def tower_shapes(vision: VisionSpec, hf_config: dict) -> dict[str, torch.Size]:
         return {name: p.shape for name, p in vision.encoder(hf_config).named_parameters()}
 
 
-def tower_parameters(vision: VisionSpec, hf_config: dict) -> int:
-    return sum(shape.numel() for shape in tower_shapes(vision, hf_config).values())
+def tower_parameters(vision: VisionSpec, hf_config: dict, part: str | None = None) -> int:
+    """The tower's parameter count; ``part``: of that part only (``rlcore.model_parts``: vision_tower, projector)."""
+    return sum(shape.numel() for name, shape in tower_shapes(vision, hf_config).items()
+               if part is None or part_of(TOWER + name, vision) == part)
 
 
 class VisionLanguageGPT(GPTModel):

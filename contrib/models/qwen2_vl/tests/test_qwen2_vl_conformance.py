@@ -8,7 +8,7 @@ import torch
 
 from rlcore.megatron.model import read_hf_config
 from rlcore.megatron.parallel import init_parallel
-from rlcore.multimodal import ImageInputs
+from rlcore.multimodal import IMAGE_INPUTS, ImageInputs
 from rlcore_model_qwen2_vl.plugin import QWEN2_VL, mrope_positions
 from rlcore_testing.models import (assert_round_trip_exact, assert_tp_conversion_exact, build_megatron,
                                    published_config, write_checkpoint)
@@ -132,10 +132,9 @@ def test_tiny_config_builds_and_matches(tmp_path):
     assert_image_logits_match(model, hf_model, hf_config, ids, images)
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["rows", "packed"])
-def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, pack):
-    """The learner's path: images in the batch rows' metadata reach the model through the pipeline schedule; the
-    actor's logprobs equal transformers' on the same rows, and an update moves the vision tower's weights."""
+def image_rows_actor(tmp_path, **actor):
+    """A tiny Qwen2.5-VL's checkpoint, transformers' model of it, three image rows of 4 response tokens each as the
+    learner's batch, and an actor (``actor``: ActorConfig fields) on the checkpoint."""
     from rlcore.config.schema import ActorConfig
     from rlcore.data import Batch
     from rlcore.megatron.actor import MegatronActor
@@ -153,17 +152,48 @@ def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, p
     mask[:, -8:-4] = 1.0
     batch = Batch({"input_ids": ids, "response_mask": mask, "prompt_len": lengths - 4,
                    "response_len": torch.full((3,), 4)}, [{IMAGE_INPUTS: i} for i in images])
-    cfg = ActorConfig(micro_batch_size=2, pack_sequences=pack, max_tokens_per_micro_batch=256 if pack else 0)
-    actor = MegatronActor(QWEN2_VL, hf_config, cfg, SPECS[0], hf_state=read_hf_weights(str(tmp_path)))
+    actor = MegatronActor(QWEN2_VL, hf_config, ActorConfig(micro_batch_size=2, **actor), SPECS[0],
+                          hf_state=read_hf_weights(str(tmp_path)))
+    return hf_model, hf_config, batch, lengths, actor
+
+
+def moved_by_an_update(actor, batch) -> set[str]:
+    """The names of the parameters one update changes."""
+    before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+    actor.train_step(batch, lambda lp, mb: (-(lp * mb["response_mask"]).sum() / 12, {}))
+    return {n for n, p in actor.model.named_parameters() if not torch.equal(p, before[n])}
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["rows", "packed"])
+def test_actor_reads_image_rows_as_transformers_and_trains_the_tower(tmp_path, pack):
+    """The learner's path: images in the batch rows' metadata reach the model through the pipeline schedule; the
+    actor's logprobs equal transformers' on the same rows, and an update moves every weight, the tower's included."""
+    hf_model, hf_config, batch, lengths, actor = image_rows_actor(
+        tmp_path, pack_sequences=pack, max_tokens_per_micro_batch=256 if pack else 0)
+    ids, images = batch["input_ids"], [m[IMAGE_INPUTS] for m in batch.meta]
     theirs = torch.log_softmax(transformers_logits(hf_model, hf_config, ids, images), -1)
     theirs = theirs.gather(-1, torch.roll(ids, -1, dims=1).unsqueeze(-1)).squeeze(-1)
     ours = actor.logprobs(batch)
     for row, length in enumerate(lengths.tolist()):
         assert (ours[row, : length - 1] - theirs[row, : length - 1]).abs().max() < 1e-5
-    before = {n: p.detach().clone() for n, p in actor.model.named_parameters() if n.startswith("vision.")}
-    actor.train_step(batch, lambda lp, mb: (-(lp * mb["response_mask"]).sum() / 12, {}))
-    moved = [n for n, p in actor.model.named_parameters() if n in before and not torch.equal(p, before[n])]
-    assert len(moved) == len(before), sorted(set(before) - set(moved))[:5]
+    names = {n for n, _ in actor.model.named_parameters()}
+    assert moved_by_an_update(actor, batch) == names and any(n.startswith("vision.merger.") for n in names)
+
+
+@pytest.mark.parametrize("frozen", [["vision_tower"], ["projector"], ["language_model"], ["vision_tower", "projector"]])
+def test_frozen_parts_keep_their_weights_and_the_others_train(tmp_path, frozen):
+    """actor.freeze: one update leaves every weight of the frozen parts bit for bit as loaded and moves every other
+    one (the backward pass runs through a frozen language model to the tower); Megatron DDP's gradient buffers, over
+    which the distributed optimizer keeps its state, hold the others only."""
+    from rlcore.model_parts import part_of
+
+    *_, batch, _, actor = image_rows_actor(tmp_path, freeze=frozen)
+    parts = {n: part_of(n, QWEN2_VL.vision) for n, _ in actor.model.named_parameters()}
+    assert set(parts.values()) == {"vision_tower", "projector", "language_model"}
+    assert moved_by_an_update(actor, batch) == {n for n, part in parts.items() if part not in frozen}
+    buffered = {id(p) for buffer in actor.ddp.buffers for p in buffer.params}
+    assert all((id(p) in buffered) == p.requires_grad == (parts[n] not in frozen)
+               for n, p in actor.model.named_parameters())
 
 
 def test_a_tower_tensor_no_rule_reads_fails_the_load(tmp_path):
@@ -209,3 +239,11 @@ def test_dry_run_counts_the_published_models_parameters(name):
     assert abs(counted["total_params"] - theirs) / theirs < 1e-3, (counted["total_params"], theirs)
     language = estimate(transformer_config(QWEN2_VL, hf), hf, cfg)["per_device"]["params"]
     assert counted["per_device"]["params"] - language == tower * 4       # fp32: the whole tower on the TP rank
+    # actor.freeze=[vision_tower]: its weights stay, without gradients (fp32) or optimizer state; the projector trains
+    projector = tower_parameters(QWEN2_VL.vision, hf, "projector")
+    assert projector == sum(p.numel() for p in model.model.visual.merger.parameters())
+    frozen = load_config("quickstart", ["model.family=qwen2_vl", f"model.hf_config={name}", "trainer.world_size=8",
+                                        "actor.parallel.tp=4", "actor.freeze=[vision_tower]"])
+    kept = estimate(transformer_config(QWEN2_VL, hf), hf, frozen, tower=tower, projector=projector)["per_device"]
+    assert counted["per_device"]["grads"] - kept["grads"] == (tower - projector) * 4
+    assert kept["params"] == counted["per_device"]["params"] and kept["optimizer"] < counted["per_device"]["optimizer"]

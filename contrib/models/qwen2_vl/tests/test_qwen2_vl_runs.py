@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from runs import ENV, run_cli
 
 from rlcore.config import load_config
@@ -64,6 +65,25 @@ def test_image_prompts_train_and_the_engine_agrees_after_every_push(model_dir, t
     checkpoint = json.loads((model_dir / "model.safetensors.index.json").read_text())["weight_map"]
     pushed = {h["sync/tensors"] for h in history if "sync/tensors" in h}
     assert pushed == {len(checkpoint)} and any(n.startswith("visual.") for n in checkpoint), (pushed, len(checkpoint))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_frozen_vision_tower_is_served_and_exported_as_loaded(model_dir, tmp_path):
+    """actor.freeze=[vision_tower]: the engine still agrees with the actor after every push, and the exported model
+    holds the tower's weights bit for bit as loaded, while the projector and the language model trained."""
+    from rlcore.megatron.model import read_hf_weights
+
+    result = run(model_dir, image_rows(tmp_path), tmp_path / "run", "actor.freeze=[vision_tower]",
+                 "trainer.export_hf=true")
+    assert result.returncode == 0, result.stderr[-4000:]
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
+    loaded, trained = read_hf_weights(str(model_dir)), read_hf_weights(str(tmp_path / "run" / "hf"))
+    assert loaded.keys() == trained.keys()
+    same = {name for name in loaded if torch.equal(loaded[name], trained[name])}
+    tower = {name for name in loaded if name.startswith("visual.") and not name.startswith("visual.merger.")}
+    assert same == tower, (sorted(same - tower)[:3], sorted(tower - same)[:3])
 
 
 @pytest.mark.slow
