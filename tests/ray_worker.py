@@ -17,7 +17,8 @@ def main() -> None:
     try:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(os.environ["RLCORE_TEST_ZYGOTE"])
-        request = {"script": os.path.abspath(script), "argv": args, "env": dict(os.environ), "cwd": os.getcwd()}
+        request = {"script": os.path.abspath(script), "argv": args, "env": dict(os.environ), "cwd": os.getcwd(),
+                   "stand_in": True}
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
         replies = _lines(connection)
         reply = next(replies)

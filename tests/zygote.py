@@ -13,7 +13,9 @@ A run is forked only where nothing read at import could differ (the zygote check
 interpreter, the environment the test process started with but for what is read only after the fork (PYTHONPATH, put
 on sys.path as the interpreter would; Ray's variables: Ray is not imported in the zygote, as it reads its settings
 once, at import) and what the zygote's own imports set, and no SGLang (which patches transformers as it is imported).
-Anything else starts a process as before; ``RLCORE_TEST_FORK=0`` starts every run that way.
+Anything else starts a process as before; ``RLCORE_TEST_FORK=0`` starts every run that way. A Python script run the
+same way (``python bench/<script>.py --smoke``: a benchmark's smoke) is forked too, with its own directory first on
+sys.path as the interpreter puts it; what it starts itself starts afresh.
 
 A forked run's Ray workers are forked from the zygote too: the run's Ray job names tests/ray_worker.py as its workers'
 Python (Ray's ``py_executable``), which asks the zygote to run Ray's worker script in a fork (the same checks) and
@@ -132,7 +134,7 @@ def serve(path: str) -> dict | None:
                 os.close(fd)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = connection
-            if "script" in request:
+            if request.get("stand_in"):
                 selector.register(connection, selectors.EVENT_READ, "watch")
                 stand_ins[pid] = _peer_pid(connection)
         for pid in list(children):
@@ -340,13 +342,16 @@ class Zygote:
         self.owner = os.getpid()       # a process forked from this one (a test's) leaves the zygote alone
 
     def spawn(self, cmd: list[str], env: dict[str, str], stdout: int, stderr: int) -> Forked | None:
-        """``cmd`` forked, if it is an `rlcore` command the zygote can fork (else None)."""
-        if os.environ.get("RLCORE_TEST_FORK") == "0" or cmd[:3] != [sys.executable, "-m", MODULE]:
+        """``cmd`` forked, if it is an `rlcore` command or a Python script (``python bench/x.py ...``) the zygote
+        can fork (else None)."""
+        script = cmd[1] if cmd[:1] == [sys.executable] and len(cmd) > 1 and cmd[1].endswith(".py") else None
+        if os.environ.get("RLCORE_TEST_FORK") == "0" or (cmd[:3] != [sys.executable, "-m", MODULE] and not script):
             return None
         self._start()
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self.path)
-        request = {"argv": cmd[3:], "env": env, "cwd": os.getcwd()}
+        request = {"argv": cmd[2:], "script": os.path.abspath(script)} if script else {"argv": cmd[3:]}
+        request.update(env=env, cwd=os.getcwd())
         with open(os.devnull) as stdin:
             socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], [stdin.fileno(), stdout, stderr])
         reply = b""
@@ -359,7 +364,7 @@ class Zygote:
         answer = json.loads(line)
         if os.environ.get("RLCORE_TEST_FORK_LOG"):     # each run forked or refused (and why), with its test
             with open(os.environ["RLCORE_TEST_FORK_LOG"], "a") as log:
-                log.write(json.dumps({"run": " ".join(cmd[3:6]), "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                log.write(json.dumps({"run": " ".join(cmd[1:3] if script else cmd[3:6]), "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
                                       **answer}) + "\n")
         if "refused" in answer:
             connection.close()

@@ -4,11 +4,11 @@ long_tail plugin on a changed ``AgentSpec.build``, with no test to tell). The sm
 checked is that it ends well and still prints its summary line last."""
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from runs import run_cli
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 RATIO = r"-?\d+\.\d+"
@@ -54,9 +54,9 @@ def test_every_bench_script_has_a_smoke():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMOKES))
-def test_smoke(script, tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_smoke(script, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)         # where a script writes what it keeps
+    done = run_cli([sys.executable, str(BENCH / script), "--smoke"], {**os.environ, "OMP_NUM_THREADS": "1"}, 900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(SMOKES[script], last), last
