@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from runs import run_cli
 
 from rlcore.megatron import patches
 from rlcore.megatron.patches import registry
@@ -192,8 +193,8 @@ def outcomes(tmp_path_factory):
                    timeout=300) for i, ((case, _), skip) in enumerate(jobs.items())]
     (tmp / "jobs.json").write_text(json.dumps(listed))
     (tmp / "runner.py").write_text(RUNNER)
-    result = subprocess.run([sys.executable, str(tmp / "runner.py"), str(tmp / "jobs.json"), str(tmp / "out.json")],
-                            capture_output=True, text=True, timeout=3600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, str(tmp / "runner.py"), str(tmp / "jobs.json"), str(tmp / "out.json")],
+                     {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3600)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp / "out.json").read_text())
 

@@ -3,11 +3,11 @@ on the same weights — with rlcore's re-pack fix; without it the same pushes gi
 needed). Each case runs in its own process (one in-process engine per process)."""
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow]
 
@@ -80,8 +80,8 @@ def moe_checkpoint(tmp_path_factory):
 def _diffs(tmp_path, checkpoint, mode):
     script = tmp_path / "engine.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, str(script), checkpoint, mode], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, str(script), checkpoint, mode], {**os.environ, "OMP_NUM_THREADS": "1"},
+                     timeout=300)
     lines = [line for line in result.stdout.splitlines() if line.startswith("DIFFS ")]
     assert result.returncode == 0 and lines, result.stderr[-4000:]
     return json.loads(lines[-1][len("DIFFS "):])

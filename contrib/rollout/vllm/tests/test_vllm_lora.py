@@ -6,10 +6,10 @@ per process, and the test session's quickstart fixture may hold one."""
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from runs import run_cli
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed", allow_module_level=True)
@@ -81,8 +81,7 @@ print(json.dumps(result))
 def test_vllm_serves_each_loaded_adapter_as_peft_does(tmp_path):
     script = tmp_path / "lora.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_cli([sys.executable, str(script), str(tmp_path)], {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["lora_adapters"] is True
