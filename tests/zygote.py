@@ -364,8 +364,8 @@ class Zygote:
         answer = json.loads(line)
         if os.environ.get("RLCORE_TEST_FORK_LOG"):     # each run forked or refused (and why), with its test
             with open(os.environ["RLCORE_TEST_FORK_LOG"], "a") as log:
-                log.write(json.dumps({"run": " ".join(cmd[1:3] if script else cmd[3:6]), "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-                                      **answer}) + "\n")
+                log.write(json.dumps({"run": " ".join(cmd[1:3] if script else cmd[3:6]),
+                                      "test": os.environ.get("PYTEST_CURRENT_TEST", ""), **answer}) + "\n")
         if "refused" in answer:
             connection.close()
             return None

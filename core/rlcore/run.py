@@ -211,7 +211,8 @@ class Run:
 
     def _check_model(self, hf_config: dict) -> None:
         """What the model must allow before anything slow starts: the layout (the dry run's check), the parts
-        actor.freeze names, and room for a response in its context (the longest prompt is checked once the task has rendered them)."""
+        actor.freeze names, and room for a response in its context (the longest prompt is checked once the task has
+        rendered them)."""
         check_layout(self.cfg, self.spec, hf_config)
         check_freeze(self.cfg, self.spec)
         check_context(self.cfg, hf_config)

@@ -151,8 +151,8 @@ def stage_params(c, vocab_size: int, tied: bool, pp: int, last_stage_layers: int
                  tp: int = 1, ep: int = 1, output_rows: int | None = None, tower: int = 0,
                  projector: int = 0) -> list[StageParams]:
     """Parameters of each pipeline stage: embedding (and a vision ``tower`` of that many parameters, ``projector``
-    of them its projector's) on the first,
-    final norm and output layer on the last; with ``lora`` (actor.lora, rank > 0) also a TP rank's adapters.
+    of them its projector's) on the first, final norm and output layer on the last; with ``lora`` (actor.lora,
+    rank > 0) also a TP rank's adapters.
     ``output_rows``: the output layer's rows, the vocabulary by default (1: a scalar head, a reward model's score
     head)."""
     h, gated = c.hidden_size, c.gated_linear_unit
