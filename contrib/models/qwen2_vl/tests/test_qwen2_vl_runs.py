@@ -211,7 +211,8 @@ def test_killed_and_resumed_visual_run_logs_what_the_uninterrupted_run_logged(tm
 
     from runs import EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
 
-    short = ["warm_start.steps=20", "warm_start.target_accuracy=0", "trainer.check_logprobs_every=2"]
+    short = ["warm_start.steps=20", "warm_start.target_accuracy=0", "trainer.check_logprobs_every=2",
+             "task.options.eval_size=24"]
     cache, plugins = tmp_path / "warm_start", "qwen2_vl,grpo,vllm"
     run_to_end(rlcore_run(tmp_path / "whole", cache, *short, preset="visual-quickstart", plugins=plugins))
     kill_at = random.randint(EVERY + 1, STEPS - 1)
