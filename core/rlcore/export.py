@@ -170,7 +170,7 @@ def checkpoint_peft_adapter(directory: str, spec: ModelSpec, hf_config: dict, dt
 
     model = SavedModel(directory, spec, hf_config, dtype, lora)
     state, modules, parameters = peft_adapter(((name, factors) for name, _, factors in model.peft_adapters()),
-                                              model.converter.hf_names())
+                                              model.converter.hf_names(), spec.module_name)
     return state, adapter_config(lora, modules, base_model, parameters)
 
 

@@ -49,6 +49,9 @@ class ModelSpec:
     weight_rules(transformer_config, hf_config) -> list of ``rlcore.convert`` rules (Megatron <-> HF)
     tiny_hf_config(vocab_size, **sizes) -> an HF config dict for built-in tiny models (tests, quickstart)
     vision: a vision-language family's vision tower and positions (``VisionSpec``); None for text-only families
+    module_name(hf_name) -> the name transformers gives the module of a checkpoint's tensor name, where it renames a
+        checkpoint's tensors as it loads them (Qwen2.5-VL: ``model.*`` -> ``model.language_model.*``); PEFT adapters
+        name modules so. None: the checkpoint's names are the modules'
     """
     name: str
     hf_architectures: tuple[str, ...]
@@ -58,3 +61,4 @@ class ModelSpec:
     weight_rules: Callable[[Any, dict], list]
     tiny_hf_config: Callable[..., dict] | None = None
     vision: VisionSpec | None = None
+    module_name: Callable[[str], str] | None = None

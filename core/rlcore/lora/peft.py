@@ -18,7 +18,7 @@ Pure tensors and names, no PEFT import: an export must not need PEFT installed t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -177,11 +177,16 @@ def expert_target_parameters(layers: Iterable[tuple[str, str, torch.Tensor, torc
 
 
 def peft_adapter(weights: Iterable[tuple[str, list[tuple[str, torch.Tensor, torch.Tensor]]]], hf_weight_names:
-                 Iterable[str]) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+                 Iterable[str], module_name: Callable[[str], str] | None = None,
+                 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """A whole PEFT adapter from each adapted weight's (global name, ``peft_factors``): the tensors of
     ``adapter_model.safetensors``, PEFT's target_modules and target_parameters (for ``adapter_config``). A MoE
     layer's routed experts are stacked into PEFT's parameter LoRA (``stacked_experts``), the rest per projection.
-    ``hf_weight_names``: all of the model's HF tensors (``converter.hf_names()``)."""
+    ``hf_weight_names``: all of the model's HF tensors (``converter.hf_names()``); ``module_name``: the family's
+    (``ModelSpec.module_name``), where transformers' modules are named otherwise than the checkpoint's tensors."""
+    rename = module_name or (lambda name: name)
+    hf_weight_names = [rename(name) for name in hf_weight_names]
+    weights = ((name, [(rename(module), a, b) for module, a, b in factors]) for name, factors in weights)
     state: dict[str, torch.Tensor] = {}
     modules: list[str] = []
     experts: dict[tuple[str, str], list] = {}   # a MoE layer's fc1 or fc2: (expert, its factors) of every expert

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -55,10 +55,11 @@ class AdapterSync:
     whole adapter as PEFT's state dict on every rank, ``config`` its ``adapter_config.json``."""
 
     def __init__(self, model: GPTModel, converter: WeightConverter, lora: LoRAConfig, base_path: str | None,
-                 engine: bool = True):
+                 engine: bool = True, module_name: Callable[[str], str] | None = None):
+        """``module_name``: the family's names of transformers' modules (``ModelSpec.module_name``)."""
         from rlcore.lora.layers import ColumnLoRA
 
-        self.converter = converter
+        self.converter, self.module_name = converter, module_name
         self.adapters: dict[str, LoRAAdapter] = adapted_weights(model)
         if not self.adapters:
             raise ValueError("rollout.lora=adapters: the actor has no LoRA adapters (actor.lora.rank is 0)")
@@ -82,7 +83,8 @@ class AdapterSync:
                     self.plan[rank].append(s)
         self.padded = max(sum(s.numel for s in shards) for shards in self.plan)
         _, modules, parameters = peft_adapter(((name, self._peft_factors(name, *self._meta(slots)))
-                                               for name, slots in self.shards.items()), converter.hf_names())
+                                               for name, slots in self.shards.items()), converter.hf_names(),
+                                              module_name)
         self.config = adapter_config(lora, modules, base_path, parameters)
 
     def _meta(self, slots: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -111,7 +113,7 @@ class AdapterSync:
                 factors[s.name][s.index] = (a, buffer[offset: offset + _numel(s.b_shape)].view(s.b_shape).clone())
                 offset += _numel(s.b_shape)
         return peft_adapter(((name, self._peft_factors(name, [a for a, _ in pairs], [b for _, b in pairs]))
-                             for name, pairs in factors.items()), self.converter.hf_names())[0]
+                             for name, pairs in factors.items()), self.converter.hf_names(), self.module_name)[0]
 
     def _peft_factors(self, name: str, a_shards: list[torch.Tensor], b_shards: list[torch.Tensor]) -> list:
         return peft_factors(self.converter, name, a_shards, b_shards, column=self._column(name))

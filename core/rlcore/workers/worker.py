@@ -197,7 +197,8 @@ class ActorWorker(Worker):
         self.pusher: WeightPushSender | None = None   # async mode, global rank 0: the sending end of the weight push
         self.adapter_sync: AdapterSync | None = None  # rollout.lora=adapters: a sync sends the adapters only
         if cfg.rollout.lora == "adapters":
-            self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, self._lora(), model_path)
+            self.adapter_sync = AdapterSync(self.actor.model, self.actor.converter, self._lora(), model_path,
+                                            module_name=self.actor.spec.module_name)
 
     def train_mode(self) -> None:
         """Always in train mode: no engine shares this process (``rlcore.workers.colocated`` has one)."""
@@ -275,7 +276,7 @@ class ActorWorker(Worker):
         from rlcore.export import write_peft_adapter
 
         sync = self.adapter_sync or AdapterSync(self.actor.model, self.actor.converter, self._lora(), base_path,
-                                                engine=False)
+                                                engine=False, module_name=self.actor.spec.module_name)
         tensors = sync.tensors()
         if dist.get_rank() == 0:
             write_peft_adapter(directory, tensors, sync.config)

@@ -158,13 +158,25 @@ def tiny_hf_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads
     }
 
 
+def module_name(hf_name: str) -> str:
+    """transformers' module path of a published checkpoint's tensor name: it builds the language model under
+    ``model.language_model`` and the tower under ``model.visual`` and renames the checkpoint's ``model.*`` and
+    ``visual.*`` tensors as it loads them (``lm_head`` stays); names already in that form stay."""
+    if hf_name.startswith("visual."):
+        return "model." + hf_name
+    if hf_name.startswith("model.") and not hf_name.startswith(("model.language_model.", "model.visual.")):
+        return "model.language_model." + hf_name[len("model."):]
+    return hf_name
+
+
 VISION = VisionSpec(encoder=vision_tower, hf_prefix="visual.", image_token_id=image_token_id,
                     positions=mrope_positions, image_tokens=image_tokens, reserved_token_ids=reserved_token_ids,
                     tiny_files=tiny_files)
 QWEN2_VL = ModelSpec(name="qwen2_vl", hf_architectures=("Qwen2VLForConditionalGeneration",
                                                         "Qwen2_5_VLForConditionalGeneration"),
                      transformer_config=transformer_config, layer_spec=layer_spec, gpt_kwargs=gpt_kwargs,
-                     weight_rules=weight_rules, tiny_hf_config=tiny_hf_config, vision=VISION)
+                     weight_rules=weight_rules, tiny_hf_config=tiny_hf_config, vision=VISION,
+                     module_name=module_name)
 
 
 @hookimpl

@@ -88,6 +88,34 @@ def test_a_frozen_vision_tower_is_served_and_exported_as_loaded(model_dir, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.e2e
+@pytest.mark.parametrize("sync", ["merged", "adapters"])
+def test_lora_on_the_language_model_is_checked_after_every_push_and_loads_in_peft(model_dir, tmp_path, sync):
+    """LoRA on a vision-language model (the tower frozen with the base): the engine agrees with the actor after every
+    push, the adapters merged or sent alone (vLLM's LoRA); the run's PEFT adapter, which names transformers' modules
+    (model.language_model.*, not the checkpoint's model.*), loads onto transformers' model of the base with
+    ``PeftModel.from_pretrained``, and its merge_and_unload equals the run's merged export exactly."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from rlcore.megatron.model import read_hf_weights
+
+    result = run(model_dir, image_rows(tmp_path), tmp_path / "run", "actor.lora.rank=8", "actor.lora.alpha=16",
+                 "actor.optim.lr=0.001", f"rollout.lora={sync}", "trainer.steps=4", "trainer.export_hf=true")
+    assert result.returncode == 0, result.stderr[-4000:]
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
+    assert any(h["actor/grad_norm"] > 0 for h in history[:-1])      # a later push carried trained adapters
+    base = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, tmp_path / "run" / "adapter").merge_and_unload().state_dict()
+    exported = AutoModelForImageTextToText.from_pretrained(tmp_path / "run" / "hf", dtype=torch.float32).state_dict()
+    assert merged.keys() == exported.keys() and all(torch.equal(merged[k], exported[k]) for k in merged)
+    loaded, trained = read_hf_weights(str(model_dir)), read_hf_weights(str(tmp_path / "run" / "hf"))
+    changed = {name for name in loaded if not torch.equal(loaded[name], trained[name])}
+    assert changed and not any(name.startswith("visual.") for name in changed), sorted(changed)[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_image_that_cannot_be_decoded_stops_the_run_in_one_line(model_dir, tmp_path):
     train = image_rows(tmp_path, count=4)
     (tmp_path / "img2.png").write_bytes(b"not a picture")
