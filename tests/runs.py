@@ -162,10 +162,10 @@ def shm_segments() -> set[str]:
     return set(glob.glob("/dev/shm/rlcore-*"))
 
 
-def shm_left(before: set[str], lora: bool = False) -> list[str]:
-    """The segments made since ``before`` and still there, of the kinds a run makes: a run without LoRA makes no
-    adapter directory, and one seen is another test's, alive as long as that test's engine (tens of seconds)."""
-    new = {p for p in shm_segments() - before if lora or not os.path.basename(p).startswith("rlcore-lora-")}
+def shm_left(before: set[str]) -> list[str]:
+    """For a run without LoRA: the segments made since ``before`` and still there. It makes no LoRA adapter
+    directory, so one seen is another test's, alive as long as that test's engine (tens of seconds)."""
+    new = {p for p in shm_segments() - before if not os.path.basename(p).startswith("rlcore-lora-")}
     if new:
         time.sleep(2)            # a segment of another test's run lives for milliseconds (created, mapped, unlinked)
     return sorted(p for p in new if os.path.exists(p))

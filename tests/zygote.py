@@ -343,7 +343,8 @@ class Zygote:
 
     def spawn(self, cmd: list[str], env: dict[str, str], stdout: int, stderr: int) -> Forked | None:
         """``cmd`` forked, if it is an `rlcore` command or a Python script (``python bench/x.py ...``) the zygote
-        can fork (else None)."""
+        can fork (else None). A script is not checked for SGLang as a run's plugins are: one that imports SGLang
+        itself must be started as a process of its own."""
         script = cmd[1] if cmd[:1] == [sys.executable] and len(cmd) > 1 and cmd[1].endswith(".py") else None
         if os.environ.get("RLCORE_TEST_FORK") == "0" or (cmd[:3] != [sys.executable, "-m", MODULE] and not script):
             return None
