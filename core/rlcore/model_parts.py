@@ -23,12 +23,9 @@ def part_of(name: str, vision: VisionSpec | None) -> str:
     return "language_model"
 
 
-def freeze(model: torch.nn.Module, parts: Iterable[str], vision: VisionSpec | None) -> int:
-    """Stop gradients to ``parts`` of ``model`` (this rank's; before DDP and the optimizer are built over it).
-    Returns the number of parameters frozen here."""
-    parts, frozen = set(parts), 0
+def freeze(model: torch.nn.Module, parts: Iterable[str], vision: VisionSpec | None) -> None:
+    """Stop gradients to ``parts`` of ``model`` (this rank's; before DDP and the optimizer are built over it)."""
+    parts = set(parts)
     for name, param in model.named_parameters():
         if part_of(name, vision) in parts:
             param.requires_grad_(False)
-            frozen += param.numel()
-    return frozen

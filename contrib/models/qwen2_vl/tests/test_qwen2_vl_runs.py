@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from runs import ENV, run_cli
+from runs import ENV, logged, run_cli
 
 from rlcore.config import load_config
 from rlcore.errors import RlcoreError
@@ -57,7 +57,7 @@ def test_image_prompts_train_and_the_engine_agrees_after_every_push(model_dir, t
     assert result.returncode == 0, result.stderr[-4000:]
     exported = tmp_path / "run" / "hf"       # the trained model with the processor it read its images with
     assert (exported / "processor_config.json").read_text() == (model_dir / "processor_config.json").read_text()
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    history = logged(tmp_path / "run")
     assert [h["step"] for h in history] == [1, 2, 3]
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
     assert any(h["actor/grad_norm"] > 0 for h in history)
@@ -77,7 +77,7 @@ def test_a_frozen_vision_tower_is_served_and_exported_as_loaded(model_dir, tmp_p
     result = run(model_dir, image_rows(tmp_path), tmp_path / "run", "actor.freeze=[vision_tower]",
                  "trainer.export_hf=true")
     assert result.returncode == 0, result.stderr[-4000:]
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    history = logged(tmp_path / "run")
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
     loaded, trained = read_hf_weights(str(model_dir)), read_hf_weights(str(tmp_path / "run" / "hf"))
     assert loaded.keys() == trained.keys()
@@ -102,7 +102,7 @@ def test_lora_on_the_language_model_is_checked_after_every_push_and_loads_in_pef
     result = run(model_dir, image_rows(tmp_path), tmp_path / "run", "actor.lora.rank=8", "actor.lora.alpha=16",
                  "actor.optim.lr=0.001", f"rollout.lora={sync}", "trainer.steps=4", "trainer.export_hf=true")
     assert result.returncode == 0, result.stderr[-4000:]
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    history = logged(tmp_path / "run")
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history), [h["check/logprob_max_diff"] for h in history]
     assert any(h["actor/grad_norm"] > 0 for h in history[:-1])      # a later push carried trained adapters
     base = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
@@ -224,7 +224,7 @@ def test_verl_geo3k_parquet_trains(model_dir, tmp_path):
     result = run(model_dir, geo3k_parquet(tmp_path / "train.parquet"), tmp_path / "run",
                  "task.options.chat_template=true", "rollout.max_response_len=8")
     assert result.returncode == 0, result.stderr[-4000:]
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    history = logged(tmp_path / "run")
     assert [h["step"] for h in history] == [1, 2, 3]
     assert {"reward/geo3k/accuracy/mean", "reward/geo3k/format/mean"} <= set(history[0]), sorted(history[0])
     assert all(h["check/logprob_max_diff"] < 1e-4 for h in history)
@@ -237,7 +237,7 @@ def test_killed_and_resumed_visual_run_logs_what_the_uninterrupted_run_logged(tm
     then --resume: every metric but timings as the uninterrupted run logged it, images and vision tower included."""
     import random
 
-    from runs import EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end, without_timings
+    from runs import EVERY, STEPS, kill_when, rlcore_run, run_to_end, without_timings
 
     short = ["warm_start.steps=20", "warm_start.target_accuracy=0", "trainer.check_logprobs_every=2",
              "task.options.eval_size=24"]
