@@ -156,7 +156,6 @@ class Run:
         except ValueError as e:        # refused here, before any worker starts
             raise RlcoreError(f"model.path {self.model_path}: {e}") from e
         check_converted_dtype(cfg, self.model_path)
-        check_rollout_backend(cfg, self.plugins.registry, hf_config)
         self._check_model(hf_config)
         self.hf_config = hf_config
         if self.resume_from:
@@ -211,9 +210,10 @@ class Run:
 
     def _check_model(self, hf_config: dict) -> None:
         """What the model must allow before anything slow starts: the layout (the dry run's check), the parts
-        actor.freeze names, and room for a response in its context (the longest prompt is checked once the task has
-        rendered them)."""
+        actor.freeze names, the rollout backend serving it (routing replay, adapters, images), and room for a
+        response in its context (the longest prompt is checked once the task has rendered them)."""
         check_layout(self.cfg, self.spec, hf_config)
+        check_rollout_backend(self.cfg, self.plugins.registry, hf_config)
         check_freeze(self.cfg, self.spec)
         check_context(self.cfg, hf_config)
 
