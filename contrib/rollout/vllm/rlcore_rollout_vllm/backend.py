@@ -20,10 +20,12 @@ import torch
 from rlcore.hf_config import read_config_json
 from rlcore.rollout.in_flight import InFlight
 from rlcore.specs import Completion, RolloutBackend, Sampling
+from rlcore_rollout_vllm.processed import ProcessedPrompts
 
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
+    from vllm.v1.engine import EngineCoreRequest
     from vllm.logprobs import PromptLogprobs, SampleLogprobs
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,7 @@ class VLLMRollout(RolloutBackend):
                        load_format="auto" if load_weights else "dummy", **options)
         self.seed = seed
         self._in_flight = InFlight()
+        self._processed = ProcessedPrompts()
         if not torch.cuda.is_available():
             from rlcore_rollout_vllm.cpu_moe_reload import repack_moe_on_reload
 
@@ -90,17 +93,20 @@ class VLLMRollout(RolloutBackend):
         return self.llm.llm_engine.model_executor.driver_worker.worker
 
     async def generate(self, tokens: list[int], sampling: Sampling, seed: int | None, request_id: str) -> Completion:
-        return await self._generate(_token_prompts([tokens])[0], len(tokens), sampling, seed, request_id)
+        lora = self._lora_request()
+        request = self._processed.request(
+            request_id, (tuple(tokens), sampling, lora and lora.lora_int_id), seed,
+            lambda: self._process(_token_prompts([tokens])[0], sampling, seed, request_id))
+        return await self._submit(request, len(tokens))
 
     async def generate_with_images(self, tokens: list[int], images: Sequence[Any], sampling: Sampling,
                                    seed: int | None, request_id: str) -> Completion:
-        return await self._generate(self._image_prompts([tokens], [images])[0], len(tokens), sampling, seed,
-                                    request_id)
+        prompt = self._image_prompts([tokens], [images])[0]
+        return await self._submit(self._process(prompt, sampling, seed, request_id), len(tokens))
 
-    async def _generate(self, prompt: TokensPrompt, prompt_length: int, sampling: Sampling, seed: int | None,
-                        request_id: str) -> Completion:
-        """``prompt_length``: the prompt's tokens as the trained model sees them (an image's placeholders
-        expanded, as vLLM expands them), which its routed experts cover."""
+    def _process(self, prompt: TokensPrompt, sampling: Sampling, seed: int | None,
+                 request_id: str) -> EngineCoreRequest:
+        """The request as vLLM's input processing makes it (what ``add_request`` would do with ``prompt``)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -111,8 +117,17 @@ class VLLMRollout(RolloutBackend):
                                 min_tokens=sampling.min_tokens, logprobs=0, seed=seed, detokenize=False,
                                 logit_bias=banned, output_kind=RequestOutputKind.DELTA,
                                 skip_clone=True)    # made for this request alone: vLLM's deep copy of it is waste
-        submit = lambda: self.llm.llm_engine.add_request(request_id, prompt, params,  # noqa: E731
-                                                         lora_request=self._lora_request())
+        engine = self.llm.llm_engine
+        return engine.input_processor.process_inputs(request_id, prompt, params,
+                                                     supported_tasks=engine.get_supported_tasks(),
+                                                     lora_request=self._lora_request())
+
+    async def _submit(self, request: EngineCoreRequest, prompt_length: int) -> Completion:
+        """``prompt_length``: the prompt's tokens as the trained model sees them (an image's placeholders
+        expanded, as vLLM expands them), which its routed experts cover."""
+        request_id = request.request_id
+        submit = lambda: self.llm.llm_engine.add_request(request_id, request,  # noqa: E731
+                                                         request.sampling_params)
         return await self._in_flight.run(request_id, self.version, submit, self._step_while_busy, self.abort,
                                          extra=prompt_length)
 
