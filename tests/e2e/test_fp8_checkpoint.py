@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from rlcore.launch import torchrun
 from rlcore_testing.models import tiny_checkpoint
 from rlcore_testing.fp8 import quantize_checkpoint
+from runs import run_cli
 
 SIZES = dict(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=96,
              max_position_embeddings=64)
@@ -144,5 +145,6 @@ def test_grpo_from_an_fp8_checkpoint_serves_the_dequantized_weights(quickstart_m
 
     fp8_dir = str(tmp_path / "fp8")
     quantize_checkpoint(quickstart_model, fp8_dir, (32, 48), shard_bytes=256 << 10)
-    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, f"model.path={fp8_dir}")
+    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, f"model.path={fp8_dir}",
+                             run=run_cli)
     print("engine check after each push:", [h["check/logprob_max_diff"] for h in history])

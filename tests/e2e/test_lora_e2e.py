@@ -83,6 +83,7 @@ def test_reference_is_the_starting_model_with_adapters_off(tmp_path):
     second model is built: tests/parallel/test_lora_actor.py."""
     from rlcore_testing.models import run_grpo_smoke
 
-    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, *LORA, "algorithm.kl_coef=0.05")
+    history = run_grpo_smoke("qwen3,grpo,vllm", "qwen3", str(tmp_path / "run"), 3, *LORA, "algorithm.kl_coef=0.05",
+                             run=run_cli)
     kl = [h["actor/kl_ref"] for h in history]
     assert kl[0] == 0.0 and kl[-1] > 0.0, kl

@@ -17,7 +17,7 @@ meet newer weights than sampled them.
 import pytest
 
 from rlcore_testing.models import run_grpo_smoke
-from runs import EVERY, STEPS, kill_when, logged, rlcore_run, run_to_end
+from runs import EVERY, STEPS, kill_when, logged, rlcore_run, run_cli, run_to_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -61,7 +61,7 @@ def test_resumed_requests_carry_complete_routes_in_order_across_kill_and_resume(
 def test_the_engines_routes_reach_the_learners_tokens_at_pp2(tmp_path):
     history = run_grpo_smoke("qwen3,grpo,hf", "qwen3_moe", str(tmp_path / "run"), 2, "rollout.backend=hf",
                              "actor.moe.routing_replay=rollout", "actor.entropy_coef=0.01", "trainer.world_size=2",
-                             "actor.parallel.pp=2", "warm_start.steps=0", "trainer.prompts_per_step=8")
+                             "actor.parallel.pp=2", "warm_start.steps=0", "trainer.prompts_per_step=8", run=run_cli)
     assert all(h["routing/rows_incomplete"] == 0 for h in history)
     assert all(h["routing/token_differs_frac"] == 0 for h in history), [h["routing/token_differs_frac"]
                                                                       for h in history]

@@ -14,6 +14,7 @@ def assert_routes_reached_the_learner(history) -> None:
 import pytest
 
 from rlcore_testing.models import run_grpo_smoke
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -23,7 +24,7 @@ def test_grpo_steps_with_engine_checks(tmp_path, family):
     # the entropy bonus moves the weights every step even when a tiny model's rewards are all equal (no advantage),
     # so each engine check sees freshly pushed weights
     history = run_grpo_smoke("deepseek,grpo,hf", family, str(tmp_path / "run"), 3, "rollout.backend=hf",
-                             "actor.entropy_coef=0.01", REPLAY)
+                             "actor.entropy_coef=0.01", REPLAY, run=run_cli)
     assert all(h["sync/bytes"] > 0 for h in history[1:])
     assert all(h["actor/grad_norm"] > 0 for h in history)
     assert_routes_reached_the_learner(history)
@@ -36,7 +37,7 @@ def test_grpo_steps_with_adapters_on_mla_at_tp2(tmp_path):
     history = run_grpo_smoke("deepseek,grpo,hf", "deepseek_v3", str(tmp_path / "run"), 3, "rollout.backend=hf",
                              "actor.entropy_coef=0.01", "trainer.world_size=2", "actor.parallel.tp=2",
                              "actor.parallel.sp=true", "actor.lora.rank=4", "actor.lora.alpha=8",
-                             f"actor.lora.target_modules={mla}", REPLAY)
+                             f"actor.lora.target_modules={mla}", REPLAY, run=run_cli)
     assert all(h["sync/bytes"] > 0 for h in history[1:])
     assert all(h["actor/grad_norm"] > 0 for h in history)
     assert_routes_reached_the_learner(history)

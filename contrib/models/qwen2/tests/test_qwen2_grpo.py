@@ -7,6 +7,7 @@ chose for every token, so the routes reached the learner's tokens whole and in o
 import pytest
 
 from rlcore_testing.models import run_grpo_smoke
+from runs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 def test_grpo_steps_with_engine_checks(family, engine, tmp_path):
     replay = ["actor.moe.routing_replay=rollout"] if (family, engine) == ("qwen2_moe", "sglang") else []
     history = run_grpo_smoke(f"qwen2,grpo,{engine}", family, str(tmp_path / "run"), 3, f"rollout.backend={engine}",
-                             *replay)
+                             *replay, run=run_cli)
     assert all(h["sync/bytes"] > 0 for h in history[1:])
     if replay:
         assert all(h["routing/rows_incomplete"] == 0 and h["routing/token_differs_frac"] == 0 for h in history), \
