@@ -1,6 +1,7 @@
 """How tests start, watch and kill `rlcore run` as a user would run it: the checkpoint tests kill a whole run and
 resume it, the dead-worker test kills one of its Ray workers."""
 import atexit
+import contextlib
 import glob
 import json
 import os
@@ -69,6 +70,24 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
     if forked is not None:
         return forked
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
+
+
+@contextlib.contextmanager
+def ray_workers_forked():
+    """Within it, a Run made in this test process (not an `rlcore run` forked by ``start``) gets Ray workers forked
+    from the zygote, as a forked run's are (tests/ray_worker.py): their imports were most of a layout test's time.
+    A worker the zygote refuses (an environment that differs where it matters) starts as Ray starts it."""
+    added = {} if os.environ.get("RLCORE_TEST_FORK") == "0" else _ZYGOTE.ray_env()
+    before = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def without_leaks(env: dict[str, str]) -> dict[str, str]:

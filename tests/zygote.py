@@ -383,6 +383,12 @@ class Zygote:
             connection.sendall(json.dumps({"query": "stand_ins"}).encode() + b"\n")
             return {int(fork): stand_in for fork, stand_in in json.loads(replies.readline()).items()}
 
+    def ray_env(self) -> dict[str, str]:
+        """What a Run made in the test process itself needs in its environment, as ray.init reads it, for its Ray
+        workers to be forked as a forked run's are (``ray_env``)."""
+        self._start()
+        return ray_env(self.path)
+
     def _start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return

@@ -2,10 +2,11 @@
 
 For every layout: after every weight push the engine's logprobs on a fixed batch equal the actor's (the engine's
 reusable check, on every rank), and after training the replicas that must agree do agree bit for bit."""
+import contextlib
 import os
 
 import pytest
-from runs import ON_REQUEST
+from runs import ON_REQUEST, ray_workers_forked
 
 from rlcore.config import load_config
 from rlcore.plugins import load_plugins
@@ -61,12 +62,14 @@ def run_layout(tmp_path, cache, overrides, steps, engine="vllm"):
                                      "trainer.eval_every=0", "trainer.export_hf=false", "run.progress=false",
                                      "trainer.loggers=[jsonl]", f"run.dir={tmp_path / 'run'}",
                                      f"warm_start.cache_dir={cache}"])
-    run = Run(cfg, load_plugins(list(plugins)))
-    try:
-        summary = run.train()
-        return summary, run.workers.fingerprint(), _history(summary["run_dir"])
-    finally:
-        run.close()
+    # SGLang patches transformers as it is imported: its runs' workers start afresh (tests/zygote.py)
+    with ray_workers_forked() if engine != "sglang" else contextlib.nullcontext():
+        run = Run(cfg, load_plugins(list(plugins)))
+        try:
+            summary = run.train()
+            return summary, run.workers.fingerprint(), _history(summary["run_dir"])
+        finally:
+            run.close()
 
 
 def _history(run_dir):
