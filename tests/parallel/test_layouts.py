@@ -152,8 +152,9 @@ def test_two_ray_nodes(tmp_path, warm_start_cache):
     ray.shutdown()
     cluster = Cluster()
     try:
-        cluster.add_node(num_cpus=2)
-        cluster.add_node(num_cpus=2)
+        with ray_workers_forked():     # in the raylets' environment: they start the workers
+            cluster.add_node(num_cpus=2)
+            cluster.add_node(num_cpus=2)
         summary, prints, history = run_layout(
             tmp_path, warm_start_cache, LAYOUTS["tp2xpp2"] + [f"trainer.ray_address={cluster.address}",
                                                               "trainer.placement=spread"], steps=3)
