@@ -72,6 +72,58 @@ def start(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV):
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
 
 
+def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subprocess.CompletedProcess:
+    """``python script args...`` on ``procs`` local ranks, as ``torchrun --nproc_per_node=procs`` runs it (the same
+    variables per rank; a rank that fails ends the others; the ranks' outputs one after the other), each rank forked
+    from the zygote. Where the zygote refuses, torchrun itself runs it."""
+    from rlcore.launch import free_port, torchrun as torchrun_command
+
+    cmd = [sys.executable, str(script), *map(str, args)]
+    port, ranks = free_port(), []
+    with contextlib.ExitStack() as files:
+        outputs = [(files.enter_context(tempfile.TemporaryFile("w+")), files.enter_context(tempfile.TemporaryFile("w+")))
+                   for _ in range(procs)]
+        for rank, (out, err) in enumerate(outputs):
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                        "WORLD_SIZE": str(procs), "LOCAL_WORLD_SIZE": str(procs), "ROLE_WORLD_SIZE": str(procs),
+                        "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
+                        "TORCHELASTIC_MAX_RESTARTS": "0"}
+            forked = _ZYGOTE.spawn(cmd, without_leaks(rank_env), out.fileno(), err.fileno())
+            if forked is None:
+                for started in ranks:
+                    os.killpg(started.pid, signal.SIGKILL)
+                return subprocess.run([*torchrun_command(procs), *cmd[1:]], capture_output=True, text=True,
+                                      timeout=timeout, env=env)
+            ranks.append(forked)
+        code, deadline = 0, time.monotonic() + timeout
+        try:
+            while any(r.poll() is None for r in ranks) and not code:
+                code = next((r.returncode for r in ranks if r.returncode), 0)
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(cmd, timeout)
+                time.sleep(0.05)
+            code = code or next((r.returncode for r in ranks if r.returncode), 0)
+        finally:
+            for r in ranks:
+                if r.poll() is None:
+                    _kill_group(r.pid)
+                    r.wait()
+        texts = []
+        for out, err in outputs:
+            out.seek(0)
+            err.seek(0)
+            texts.append((out.read(), err.read()))
+    return subprocess.CompletedProcess(cmd, code, "".join(o for o, _ in texts), "".join(e for _, e in texts))
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @contextlib.contextmanager
 def ray_workers_forked():
     """Within it, a Run made in this test process (not an `rlcore run` forked by ``start``) gets Ray workers forked

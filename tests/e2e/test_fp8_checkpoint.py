@@ -3,17 +3,15 @@ Megatron's logits equal transformers' run on the weights dequantized here block 
 reader, at world 1 and TP2; the MTP layer is skipped; the export holds no FP8 and no quantization_config."""
 import json
 import os
-import subprocess
 import textwrap
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlcore.launch import torchrun
 from rlcore_testing.models import tiny_checkpoint
 from rlcore_testing.fp8 import quantize_checkpoint
-from runs import run_cli
+from runs import run_cli, torchrun
 
 SIZES = dict(hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, ffn_hidden_size=96,
              max_position_embeddings=64)
@@ -130,8 +128,7 @@ def test_fp8_checkpoint_loads_at_tp2(fp8, tmp_path):
     family, path, plain = fp8
     script = tmp_path / "rank.py"
     script.write_text(_TP2_RANK)
-    result = subprocess.run([*torchrun(2), str(script), family, path, plain],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = torchrun(2, script, family, path, plain)
     assert result.returncode == 0 and result.stdout.count("TP2 OK") == 2, result.stderr[-4000:]
 
 

@@ -1,18 +1,16 @@
 """Running a rank script under torchrun, for the multi-process tests."""
 import json
-import subprocess
 import textwrap
 
 from safetensors.torch import load_file
 
-from rlcore.launch import torchrun
-
 
 def _torchrun(script: str, directory, procs: int, *args) -> None:
+    from runs import torchrun      # here: rank scripts import this module, without tests/ on their path
+
     path = directory / "rank.py"
     path.write_text(script)
-    result = subprocess.run([*torchrun(procs), str(path), *map(str, args)], capture_output=True, text=True,
-                            timeout=300)
+    result = torchrun(procs, path, *args)
     assert result.returncode == 0, result.stderr[-4000:]
 
 

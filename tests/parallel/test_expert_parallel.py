@@ -2,12 +2,11 @@
 (non-expert) weights identical on both ranks. Loading and exporting at EP2 and the logits are rlcore's conformance
 check (rlcore_testing.models.assert_expert_parallel, run by the model plugins' tests); the engine side (vLLM logprobs equal
 the actor's after every sync, rollout TP 1 and 2) is the ``moe-ep2`` layouts in test_layouts.py."""
-import subprocess
 import textwrap
 
 import pytest
+from runs import torchrun
 
-from rlcore.launch import torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -58,6 +57,5 @@ def test_ep2_training_step_keeps_shared_weights_identical(tmp_path):
     model.save_pretrained(tmp_path / "ckpt")
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    result = subprocess.run([*torchrun(2), str(script), str(tmp_path / "ckpt")],
-                            capture_output=True, text=True, timeout=300)
+    result = torchrun(2, script, tmp_path / "ckpt")
     assert result.returncode == 0 and result.stdout.count("EP2 OK") == 2, result.stderr[-4000:]

@@ -2,12 +2,11 @@
 that both ranks write (a contiguous piece and a strided one, as TP shards are), bucket after bucket; a shared slot
 that the consumer still references is never overwritten (the group maps a fresh one); an oversized bucket is
 refused; and no segment file is left in /dev/shm."""
-import subprocess
 import textwrap
 
 import pytest
 
-from rlcore.launch import torchrun
+from runs import torchrun
 
 pytestmark = [pytest.mark.parallel]
 
@@ -64,5 +63,5 @@ RANK_SCRIPT = textwrap.dedent("""
 def test_shared_memory_and_collectives_agree(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    result = subprocess.run([*torchrun(2), str(script)], capture_output=True, text=True, timeout=120)
+    result = torchrun(2, script, timeout=120)
     assert result.returncode == 0 and result.stdout.count("TRANSPORT OK") == 2, result.stderr[-4000:]

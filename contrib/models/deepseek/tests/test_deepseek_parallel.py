@@ -3,13 +3,12 @@ included) and logits equal to transformers'. EP2: the routed experts split over 
 shared experts replicated), and a training step keeps the replicated weights identical on both ranks and the expert
 bias fixed. TP2: megatron's own shards of the MLA projections (column-parallel down projections included) are the
 ones the weight rules cut."""
-import subprocess
 import textwrap
 
 import pytest
 from test_deepseek_conversion import checkpoint   # the tests' own folder is on sys.path (no __init__.py)
+from runs import torchrun
 
-from rlcore.launch import torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
@@ -63,6 +62,5 @@ def test_round_trip_and_logits_over_two_ranks(tmp_path, layout):
     checkpoint("deepseek_v3", str(tmp_path / "ckpt"))
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    result = subprocess.run([*torchrun(2), str(script), str(tmp_path / "ckpt"), layout],
-                            capture_output=True, text=True, timeout=300)
+    result = torchrun(2, script, tmp_path / "ckpt", layout)
     assert result.returncode == 0 and result.stdout.count(f"OK {layout}") == 2, result.stderr[-4000:]
