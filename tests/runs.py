@@ -81,8 +81,7 @@ def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subpro
     cmd = [sys.executable, str(script), *map(str, args)]
     port, ranks = free_port(), []
     with contextlib.ExitStack() as files:
-        outputs = [(files.enter_context(tempfile.TemporaryFile("w+")), files.enter_context(tempfile.TemporaryFile("w+")))
-                   for _ in range(procs)]
+        outputs = [tuple(files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2)) for _ in range(procs)]
         for rank, (out, err) in enumerate(outputs):
             rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                         "WORLD_SIZE": str(procs), "LOCAL_WORLD_SIZE": str(procs), "ROLE_WORLD_SIZE": str(procs),
@@ -92,18 +91,18 @@ def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subpro
             forked = _ZYGOTE.spawn(cmd, without_leaks(rank_env), out.fileno(), err.fileno())
             if forked is None:
                 for started in ranks:
-                    os.killpg(started.pid, signal.SIGKILL)
+                    _kill_group(started.pid)
+                    started.wait()
                 return subprocess.run([*torchrun_command(procs), *cmd[1:]], capture_output=True, text=True,
                                       timeout=timeout, env=env)
             ranks.append(forked)
         code, deadline = 0, time.monotonic() + timeout
         try:
-            while any(r.poll() is None for r in ranks) and not code:
-                code = next((r.returncode for r in ranks if r.returncode), 0)
+            while None in (codes := [r.poll() for r in ranks]) and not any(codes):
                 if time.monotonic() > deadline:
                     raise subprocess.TimeoutExpired(cmd, timeout)
                 time.sleep(0.05)
-            code = code or next((r.returncode for r in ranks if r.returncode), 0)
+            code = next((c for c in codes if c), 0)
         finally:
             for r in ranks:
                 if r.poll() is None:
