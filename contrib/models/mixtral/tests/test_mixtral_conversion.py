@@ -6,6 +6,7 @@ from rlcore.megatron.parallel import init_parallel
 from rlcore_testing.models import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
                             assert_tp_conversion_exact, build_megatron, tiny_checkpoint)
 from rlcore_model_mixtral.plugin import MIXTRAL
+from runs import torchrun
 
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, ffn_hidden_size=96,
              max_position_embeddings=32)
@@ -51,4 +52,4 @@ def test_router_jitter_noise_is_named_in_one_log_line(caplog):
 @pytest.mark.slow
 @pytest.mark.parallel
 def test_expert_parallel_conversion(mixtral):
-    assert_expert_parallel("mixtral", "mixtral", mixtral[0])
+    assert_expert_parallel("mixtral", "mixtral", mixtral[0], ranks=torchrun)

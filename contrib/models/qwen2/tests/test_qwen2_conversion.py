@@ -7,6 +7,7 @@ from rlcore.megatron.parallel import init_parallel
 from rlcore_testing.models import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
                             assert_tp_conversion_exact, build_megatron, tiny_checkpoint)
 from rlcore_model_qwen2.plugin import QWEN2, QWEN2_MOE
+from runs import torchrun
 
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32, ffn_hidden_size=96,
              max_position_embeddings=32)
@@ -61,7 +62,7 @@ def test_shared_expert_gate_is_megatrons_sigmoid_gate(family):
 @pytest.mark.parametrize("family", ["moe"], indirect=True)      # the experts' test: the MoE family only
 def test_expert_parallel_conversion(family):
     spec, path, _, _, _ = family
-    assert_expert_parallel("qwen2", spec.name, path)
+    assert_expert_parallel("qwen2", spec.name, path, ranks=torchrun)
 
 
 def test_tiny_sizes_qwen2_cannot_have_are_one_config_error():

@@ -14,6 +14,7 @@ from rlcore_testing.models import (assert_round_trip_exact, assert_tp_conversion
                                    published_config, write_checkpoint)
 from rlcore_testing.vision import (assert_image_logits_match, assert_image_logits_match_tp, image_prompts,
                                    transformers_logits)
+from runs import torchrun
 
 # head_dim stays 128, so the published mrope_section [16, 24, 24] stays; the vision ids move into the small vocabulary
 TEXT = dict(hidden_size=512, intermediate_size=768, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -74,7 +75,8 @@ def test_positions_are_transformers_mrope(shape):
     "qwen2.5-vl-72b", "qwen2-vl-7b-instruct") else []) for name in sorted(SHAPES)], indirect=True)
 def test_logits_equal_transformers_at_tp2(shape):
     _, path, _, _, _ = shape
-    print(f"max logit difference {assert_image_logits_match_tp('qwen2_vl', 'qwen2_vl', path, GRIDS):.1e}")
+    diff = assert_image_logits_match_tp("qwen2_vl", "qwen2_vl", path, GRIDS, ranks=torchrun)
+    print(f"max logit difference {diff:.1e}")
 
 
 @pytest.mark.slow
@@ -82,7 +84,8 @@ def test_logits_equal_transformers_at_tp2(shape):
 @pytest.mark.parametrize("shape", ["qwen2.5-vl-7b"], indirect=True)   # the embeddings' gather/scatter: shape-blind
 def test_logits_equal_transformers_at_tp2_with_sequence_parallelism(shape):
     _, path, _, _, _ = shape
-    diff = assert_image_logits_match_tp("qwen2_vl", "qwen2_vl", path, GRIDS, sequence_parallel=True)
+    diff = assert_image_logits_match_tp("qwen2_vl", "qwen2_vl", path, GRIDS, sequence_parallel=True,
+                                        ranks=torchrun)
     print(f"max logit difference {diff:.1e}")
 
 

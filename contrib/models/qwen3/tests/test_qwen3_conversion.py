@@ -6,6 +6,7 @@ from rlcore.megatron.parallel import init_parallel
 from rlcore_testing.models import (assert_expert_parallel, assert_logits_match, assert_round_trip_exact,
                             assert_tp_conversion_exact, build_megatron, tiny_checkpoint)
 from rlcore_model_qwen3.plugin import QWEN3, QWEN3_MOE
+from runs import torchrun
 
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, ffn_hidden_size=96,
              max_position_embeddings=32)
@@ -42,4 +43,4 @@ def test_tp_sharded_conversion_equals_unsharded(family):
 @pytest.mark.parametrize("family", ["moe"], indirect=True)      # the experts' test: the MoE family only
 def test_expert_parallel_conversion(family):
     spec, path, _, _, _ = family
-    assert_expert_parallel("qwen3", spec.name, path)
+    assert_expert_parallel("qwen3", spec.name, path, ranks=torchrun)

@@ -281,13 +281,24 @@ _EP_RANK = textwrap.dedent("""
 """)
 
 
-def assert_expert_parallel(plugin: str, family: str, path: str, vocab_size: int = 48) -> None:
-    """Two processes at EP=2: each holds half the experts; the export equals the file and the logits match."""
+# (processes, script, *arguments) -> the script's run on that many local ranks, its outputs captured
+RankRunner = Callable[..., subprocess.CompletedProcess]
+
+
+def torchrun_ranks(procs: int, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script args`` on ``procs`` local ranks under torchrun, one torch thread each, the outputs captured."""
+    return subprocess.run([*torchrun(procs), script, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_expert_parallel(plugin: str, family: str, path: str, vocab_size: int = 48,
+                           ranks: RankRunner = torchrun_ranks) -> None:
+    """Two processes at EP=2: each holds half the experts; the export equals the file and the logits match.
+    ``ranks``: what starts them (a suite's own way of running rank scripts; default: torchrun)."""
     script = os.path.join(path, "_ep2_rank.py")
     with open(script, "w") as f:
         f.write(_EP_RANK)
-    result = subprocess.run([*torchrun(2), script, plugin, family, path, str(vocab_size)],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = ranks(2, script, plugin, family, path, str(vocab_size))
     assert result.returncode == 0 and result.stdout.count("EP2 OK") == 2, result.stderr[-4000:]
 
 

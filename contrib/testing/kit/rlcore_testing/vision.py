@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import torch
 
-from rlcore.launch import torchrun
 from rlcore.multimodal import ImageInputs
+from rlcore_testing.models import RankRunner, torchrun_ranks
 
 # fp32 logits of a tiny vision-language model agree to ~1e-6 when the mapping is right; the issue's bound is 1e-5
 IMAGE_LOGIT_TOLERANCE = 1e-5
@@ -208,17 +206,16 @@ _TP_RANK = textwrap.dedent("""
 
 
 def assert_image_logits_match_tp(plugin: str, family: str, path: str, grids: list[list[tuple[int, int, int]]],
-                                 sequence_parallel: bool = False, tolerance: float = IMAGE_LOGIT_TOLERANCE) -> float:
+                                 sequence_parallel: bool = False, tolerance: float = IMAGE_LOGIT_TOLERANCE,
+                                 ranks: RankRunner = torchrun_ranks) -> float:
     """Two processes at TP=2 (the language model split, the vision tower whole on both): logits equal
-    transformers'. Returns the largest difference."""
+    transformers'. Returns the largest difference. ``ranks``: what starts them (default: torchrun)."""
     import json
 
     script = os.path.join(path, "_tp2_rank.py")
     with open(script, "w") as f:
         f.write(_TP_RANK)
-    result = subprocess.run([*torchrun(2), script, plugin, family, path, json.dumps(grids),
-                             "1" if sequence_parallel else "0"],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = ranks(2, script, plugin, family, path, json.dumps(grids), "1" if sequence_parallel else "0")
     diffs = [float(d) for d in re.findall(r"TP2 diff (\S+) rank", result.stdout)]   # the ranks' lines may interleave
     assert result.returncode == 0 and len(diffs) == 2, result.stderr[-4000:]
     assert max(diffs) < tolerance, f"at TP=2 Megatron logits differ from transformers' by {max(diffs)}"
