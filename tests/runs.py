@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from zygote import Zygote
+from zygote import Zygote, kill_group
 
 STEPS, EVERY = 8, 4          # checkpoints after steps 4 and 8
 SHORT_QUICKSTART = ["trainer.steps=50", "trainer.eval_every=0", "run.progress=false"]   # the preset, fewer RL steps
@@ -91,7 +91,7 @@ def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subpro
             forked = _ZYGOTE.spawn(cmd, without_leaks(rank_env), out.fileno(), err.fileno())
             if forked is None:
                 for started in ranks:
-                    _kill_group(started.pid)
+                    kill_group(started.pid)
                     started.wait()
                 return subprocess.run([*torchrun_command(procs), *cmd[1:]], capture_output=True, text=True,
                                       timeout=timeout, env=env)
@@ -106,7 +106,7 @@ def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subpro
         finally:
             for r in ranks:
                 if r.poll() is None:
-                    _kill_group(r.pid)
+                    kill_group(r.pid)
                     r.wait()
         texts = []
         for out, err in outputs:
@@ -114,13 +114,6 @@ def torchrun(procs: int, script, *args, timeout: float = 300, env=ENV) -> subpro
             err.seek(0)
             texts.append((out.read(), err.read()))
     return subprocess.CompletedProcess(cmd, code, "".join(o for o, _ in texts), "".join(e for _, e in texts))
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @contextlib.contextmanager

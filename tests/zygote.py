@@ -42,15 +42,15 @@ PRELOAD = ["torch", "transformers", "transformers.models.auto.tokenization_auto"
            "vllm", "vllm.entrypoints.llm", "matplotlib.pyplot", "safetensors.torch", "pyarrow.parquet",
            "transformers.models.qwen3.configuration_qwen3"]
 MODULE = "rlcore.cli"
-# what a run or a Ray worker may have in its environment that the zygote has not, all read after the fork: where
-# PYTHONPATH points, the running test's name, what Ray adds for its workers (RAY_* too: Ray is imported after the
-# fork), what a run sets for its workers (vLLM reads it as an engine starts), what megatron-core sets as it builds a
-# model (NVTE_*: Transformer Engine's, not installed), and where the zygote's children find it
 # what torchrun gives each rank (runs.torchrun gives a forked rank the same): torch.distributed reads it as a process
 # group starts, after the fork
 RANK_ENV = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE",
             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
             "TORCHELASTIC_MAX_RESTARTS")
+# what a run or a Ray worker may have in its environment that the zygote has not, all read after the fork: where
+# PYTHONPATH points, the running test's name, what Ray adds for its workers (RAY_* too: Ray is imported after the
+# fork), what a run sets for its workers (vLLM reads it as an engine starts), what megatron-core sets as it builds a
+# model (NVTE_*: Transformer Engine's, not installed), and where the zygote's children find it
 READ_AFTER_FORK = {"PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "SPT_NOENV", "VLLM_ENABLE_V1_MULTIPROCESSING",
                    "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "RLCORE_TEST_ZYGOTE",
                    "RAY_JOB_CONFIG_JSON_ENV_VAR", *RANK_ENV}
@@ -93,7 +93,7 @@ def serve(path: str) -> dict | None:
         for key, _ in selector.select(timeout=1):
             if key.data == "parent":
                 for pid in children:
-                    _kill_group(pid)
+                    kill_group(pid)
                 return None
             if key.data == "ended":
                 ended.recv(4096)
@@ -107,7 +107,7 @@ def serve(path: str) -> dict | None:
                 selector.unregister(connection)
                 for pid, watched in children.items():
                     if watched is connection:
-                        _kill_group(pid)
+                        kill_group(pid)
                 continue
             connection = key.fileobj
             selector.unregister(connection)
@@ -331,7 +331,7 @@ class Forked:
         self.connection.close()
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
