@@ -302,13 +302,18 @@ def assert_expert_parallel(plugin: str, family: str, path: str, vocab_size: int 
     assert result.returncode == 0 and result.stdout.count("EP2 OK") == 2, result.stderr[-4000:]
 
 
+def run_captured(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``cmd`` in a process of its own, to its end, its outputs captured."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def run_grpo_smoke(plugins: str, family: str, run_dir: str, steps: int = 3, *overrides: str,
-                   run: Callable[..., subprocess.CompletedProcess] | None = None) -> list[dict]:
+                   run: Callable[..., subprocess.CompletedProcess] = run_captured) -> list[dict]:
     """``rlcore run --plugins=<plugins> model.family=<family>`` on the quickstart task for a few steps (short warm
     start, engine logprob check after every weight push), as a user would launch it. Returns the per-step metrics;
     asserts the run succeeded and the engine agreed with the actor after every sync. ``run(cmd, env, timeout)``:
-    what runs the command to its end with its output captured (a suite's own way of starting runs; default: a
-    process of its own)."""
+    what runs the command to its end with its output captured (a suite's own way of starting runs; default:
+    ``run_captured``)."""
     import json
 
     cmd = [sys.executable, "-m", "rlcore.cli", "run", f"--plugins={plugins}", f"model.family={family}",
@@ -316,8 +321,6 @@ def run_grpo_smoke(plugins: str, family: str, run_dir: str, steps: int = 3, *ove
            "trainer.check_logprobs_every=1", "trainer.export_hf=false", "run.progress=false", "trainer.loggers=[jsonl]",
            f"run.dir={run_dir}",
            f"warm_start.cache_dir={os.path.join(run_dir, 'warm_start')}", *overrides]
-    run = run or (lambda cmd, env, timeout: subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                                           env=env))
     result = run(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, 600)
     assert result.returncode == 0, result.stderr[-4000:]
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
