@@ -100,6 +100,7 @@ def sender(address: str, transport: str, pushes: int, die: tuple[int, int] | Non
                     os.kill(os.getpid(), die[1])
                 yield item
         stats.append(channel.send(stream(), version))
+    channel.landed()        # send returns before the receivers have loaded the last push
     remapped = channel.remapped
     channel.close()
     total = torch.ones(1)
@@ -163,3 +164,55 @@ def test_a_sender_gone_mid_push_makes_the_receivers_raise_naming_it(how, tmp_pat
         assert "\n" not in error, error
         assert results[rank]["at"] - killed_at < 5 + 2, (rank, results[rank]["at"] - killed_at)   # 5: timeout_s
     assert not glob.glob(results[1]["prefix"] + "*")
+
+
+def holding_receiver(rank: int, address: str, sent) -> str:
+    """Takes every tensor of one push but holds back from the end of it until the sender says ``send`` returned."""
+    from rlcore.weight_sync.push import WeightPushReceiver
+
+    channel = WeightPushReceiver(address, rank, RECEIVERS, CAPACITY, "auto", timeout_s=30)
+    try:
+        version, tensors = channel.receive()
+        check([(n, t.clone()) for n, t in (next(tensors) for _ in push(version))], version)
+        if not sent.wait(30):
+            return "FAILED the sender's send did not return before this receiver had taken the push whole"
+        assert next(tensors, None) is None      # the end of the push: answers the sender's END
+    finally:
+        channel.close()
+    return "took it"
+
+
+def landing_sender(address: str, sent) -> str:
+    from rlcore.weight_sync.push import WeightPushSender
+
+    channel = WeightPushSender(address, RECEIVERS, CAPACITY, "auto", timeout_s=30)
+    try:
+        channel.send(iter(push(0)), 0)
+        sent.set()
+        channel.landed()        # returns once both receivers have answered the end
+    finally:
+        channel.close()
+    return "landed"
+
+
+def test_send_returns_before_the_receivers_have_loaded_and_landed_waits_for_them():
+    """The trainer goes on while the engines load (rollout.max_staleness >= 1): ``send`` does not wait for the
+    receivers to take the push whole; ``landed`` (and the next ``send``) does."""
+    from rlcore.launch import free_port
+
+    ctx = multiprocessing.get_context("spawn")
+    report, sent = ctx.Queue(), ctx.Event()
+    address = f"127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_child, args=(report, holding_receiver, rank, address, sent), daemon=True)
+             for rank in range(1, RECEIVERS + 1)]
+    procs.append(ctx.Process(target=_child, args=(report, landing_sender, address, sent), daemon=True))
+    for p in procs:
+        p.start()
+    try:
+        results = sorted(str(report.get(timeout=60)[2]) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert results == ["landed", "took it", "took it"], results

@@ -13,6 +13,7 @@ seeded ``prompt_seeds(.., "train", d, 1)``) and a step's groups are put in draw 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -51,6 +52,7 @@ class QueuedSource(Source):
         self.channel: list[tuple[int, int]] = []  # the rollout workers the push channel was opened with
         # the weight version the engines hold (Learner.version, pushed): the model's own, or none
         self.pushed = -1 if any(w["weightless"] for w in rollout.where) else 0
+        self.landing: Landing | None = None       # a push the rollout workers are still loading
         self.learner = (0, 0)                     # the learner's version, after this step
         self.trained_tokens = 0                   # response tokens of the batch the trainer took last
         self.last_take: float | None = None
@@ -209,9 +211,16 @@ class QueuedSource(Source):
         """Push the learner's weights to every rollout worker unless they hold them (each pauses its engine for the
         load), and to every new one; on ``trainer.check_logprobs_every`` steps the engines score a fixed probe with
         them, checked against the learner's. A receiver that dies during the push is healed and the push tried again
-        without it."""
+        without it.
+
+        With ``rollout.max_staleness`` >= 1 the learner does not wait for the engines to load (they pause, drain and
+        load while it trains on the next batch, which was sampled before): the push lands at the next one, or before
+        an evaluation. Groups started meanwhile wait for the load; the engines tag every sample with the version
+        that made it, so the staleness bound holds whenever the load ends."""
         version, step = self.learner
         weights = self.weights
+        with timer("sync"):
+            self._land(metrics)
         if version == self.pushed and not self.roster.joining():
             return
         if weights is None:
@@ -238,15 +247,30 @@ class QueuedSource(Source):
                     if self._receivers_lost(members, received):
                         continue
                     raise
+                if probe is None and self.cfg.rollout.max_staleness >= 1:
+                    self.landing = Landing(members, received, version)
+                    break
                 results = self._gather(members, received)
                 if results:         # else every receiver died after the sender was done: again, to the new ones
                     break
-        self.roster.pushed(members, version)
+        if self.landing is None:
+            self._landed(members, version, results, metrics)
         self.pushed = version
         metrics.update(sent)
-        metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
         if probe is not None:
             metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results.values()])
+
+    def _land(self, metrics: dict) -> None:
+        """Wait for the push the rollout workers are still loading, if one is. A receiver that died meanwhile is
+        healed; its replacement joins at the next push (as does every receiver's, if none is left)."""
+        landing, self.landing = self.landing, None
+        if landing is not None:
+            self._landed(landing.members, landing.version, self._gather(landing.members, landing.received), metrics)
+
+    def _landed(self, members: list[tuple[int, int]], version: int, results: dict[int, Any], metrics: dict) -> None:
+        self.roster.pushed(members, version)
+        if results:
+            metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
 
     def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]], list[ProbeImages] | None],
                engines: list) -> float:
@@ -310,5 +334,20 @@ class QueuedSource(Source):
         return members
 
     def close(self) -> None:
-        """Cancel the producer's requests and stop its loop (before the rollout workers stop)."""
+        """Cancel the producer's requests and stop its loop (before the rollout workers stop); a push still loading
+        is waited for (its failure no longer matters)."""
         self.producer.close()
+        landing, self.landing = self.landing, None
+        if landing is not None:
+            import ray
+
+            ray.wait(landing.received, num_returns=len(landing.received), timeout=PEER_DEATH_WAIT_S)
+
+
+@dataclass
+class Landing:
+    """A push handed over to the rollout workers ``members`` (slot, generation), whose loads ``received`` are
+    still under way."""
+    members: list[tuple[int, int]]
+    received: list
+    version: int

@@ -9,9 +9,11 @@ driver may construct them in any order; the first ``send`` and ``receive`` meet.
 ``timeout_s``: a receiver whose sender died raises one line naming it and the version (TRL #6796: weight transfer
 hanging silently).
 
-A push is the sender's announcement of its version, its buckets, then its end. A bucket packs whole tensors into a
-flat buffer of at most ``capacity`` bytes (a larger tensor gets one of its own), each at a 64-byte aligned offset so
-that any dtype can view it in place; a JSON header (names, dtypes, shapes, offsets) follows it. Transports:
+A push is the sender's announcement of its version, its buckets, then its end, which the receivers answer once their
+engines have taken the last bucket; the sender does not wait for that answer until its next push (``landed``), so
+the trainer goes on while the engines load. A bucket packs whole tensors into a flat buffer of at most ``capacity``
+bytes (a larger tensor gets one of its own), each at a 64-byte aligned offset so that any dtype can view it in place;
+a JSON header (names, dtypes, shapes, offsets) follows it. Transports:
 - ``shm``, one host: two slots in /dev/shm mapped by every rank, as in ``transport.SharedMemoryExchange``. The sender
   copies the stream's tensors straight into a slot (keeping no reference to them, so the trainer's own exchange can
   reuse its slots), the receivers hand out views of it (no copy). A slot that any receiver's consumer still
@@ -89,6 +91,7 @@ class _Channel:
         self.transport, self.turn, self.maps, self.remapped = "", 0, 0, 0
         self.staging: torch.Tensor | None = None     # collectives: the sender's bucket buffer, reused
         self.version, self.pushing = -1, False
+        self.ending: tuple[Any, torch.Tensor] | None = None   # the sender's last END, until the receivers answer it
 
     def _connect(self) -> None:
         if self.pg is not None:
@@ -165,7 +168,7 @@ class _Channel:
     def close(self) -> None:
         if self.pg is not None:
             self.pg.shutdown()
-        self.pg, self.store, self.slots, self.staging = None, None, [], None
+        self.pg, self.store, self.slots, self.staging, self.ending = None, None, [], None, None
 
 
 def _cause(e: BaseException) -> str:
@@ -180,12 +183,15 @@ class WeightPushSender(_Channel):
         super().__init__(address, 0, receivers, capacity, transport, timeout_s)
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
-        """Push one version to every receiver; returns when all of it has been handed over."""
+        """Push one version to every receiver; returns when all of it has been handed over (the last bucket written
+        or sent), not when the receivers have taken it: the trainer goes on while the engines load. The next
+        ``send`` (or ``landed``) waits for that."""
         if version < 0:
             raise ValueError(f"weight push version {version}: expected the learner's update count (>= 0)")
         start, stats = time.perf_counter(), PushStats(0.0, 0, 0, 0)
-        self.version, self.pushing = version, True
         with self._failing():
+            self.landed()
+            self.version, self.pushing = version, True
             self._connect()
             self._announce(PUSH)
             header: list[list] = []     # [name, dtype, shape, offset] of each tensor in the open bucket
@@ -206,10 +212,18 @@ class WeightPushSender(_Channel):
                 stats.bytes, stats.tensors = stats.bytes + nbytes, stats.tensors + 1
             if header:
                 self._flush(buffer, header, used)
-            self._announce(END)
+            message = torch.tensor([END, self.version, 0, 0])     # what _announce(END) sends, answered later
+            self.ending = (self.pg.allreduce(message, dist.ReduceOp.MAX), message)
         self.pushing = False
         stats.seconds = time.perf_counter() - start
         return stats
+
+    def landed(self) -> None:
+        """Returns once every receiver has taken the last push whole (its engine loaded it), at most the timeout."""
+        if self.ending is not None:
+            with self._failing():
+                work, self.ending = self.ending[0], None
+                self._wait(work)
 
     def _flush(self, buffer: torch.Tensor, header: list, used: int) -> None:
         """The bucket's header, then (collectives) its bytes; with shared memory they are in place already."""
