@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from rlcore.config import Config
-from rlcore.weight_sync.logprob_check import fixed_probe, raise_if_disagree, with_image_prompts, worst
+from rlcore.weight_sync.logprob_check import raise_if_disagree, worst
 from rlcore.multimodal import ImagePrompts
 from rlcore.rewards import RewardComposer, Scores, SourceDispatch
 from rlcore.rollout.groups import GroupFilter
@@ -40,13 +40,8 @@ class ColocatedSource(Source):
     def check_logprobs(self, seed: int = 0) -> float:
         """The engine-vs-actor check on a fixed batch, on every rank; raises past trainer.logprob_tolerance."""
         self.workers.rollout_mode()
-        probe = fixed_probe(len(self.tokenizer), seed=seed, excluded=self.reserved_tokens)
-        if self.images is None:
-            results = self.workers.compare_logprobs(*probe, self.pad_id)
-        else:
-            prompts, responses, images = with_image_prompts(probe, self.images, seed)
-            results = self.workers.compare_logprobs(prompts, responses, self.pad_id, images)
-        result = worst(results)
+        prompts, responses, images = self.probe(seed)
+        result = worst(self.workers.compare_logprobs(prompts, responses, self.pad_id, images))
         raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
         return result.max_abs_diff
 

@@ -32,8 +32,7 @@ from rlcore.rollout.source import Source, StepRollout
 from rlcore.specs import Sampling, Task
 from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory
-from rlcore.weight_sync.logprob_check import (ProbeImages, compared, fixed_probe, probe_batch, raise_if_disagree,
-                                              with_image_prompts, worst)
+from rlcore.weight_sync.logprob_check import engines_agree
 
 
 class QueuedSource(Source):
@@ -168,20 +167,27 @@ class QueuedSource(Source):
         Receivers that only echo the channel's failure, or still wait for the push, are passed by."""
         import ray
 
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
+        return self._settle([m for m, r in zip(members, refs) if r in ready], [r for r in refs if r in ready])[1]
+
+    def _settle(self, members: list[tuple[int, int]], refs: list) -> tuple[dict[int, Any], bool]:
+        """The results of the rollout workers' loads of a push, by slot, and whether one of them died (healed). A load
+        that failed with the push channel (an echo of another's death or of the sender's failure) is left out; any
+        other failure stops the run with one line naming the worker."""
+        import ray
+
         from rlcore.weight_sync.push import WeightPushError
 
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEER_DEATH_WAIT_S)
-        died = False
+        results, died = {}, False
         for (slot, generation), ref in zip(members, refs):
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                except WeightPushError:
-                    pass
-                except Exception as e:
-                    self._lost(slot, generation, e)
-                    died = True
-        return died
+            try:
+                results[slot] = ray.get(ref)
+            except WeightPushError:
+                pass
+            except Exception as e:
+                self._lost(slot, generation, e)
+                died = True
+        return results, died
 
     # --- weights -------------------------------------------------------------------------------------------------
     def push_weights(self, weights: Weights, version: int, step: int, timer: Timer | None = None) -> dict[str, float]:
@@ -220,18 +226,14 @@ class QueuedSource(Source):
         version, step = self.learner
         weights = self.weights
         with timer("sync"):
-            self._land(metrics)
-        if version == self.pushed and not self.roster.joining():
+            again = self._land(metrics)
+        if version == self.pushed and not again and not self.roster.joining():
             return
         if weights is None:
             raise RuntimeError("the queued source has no weights to push: the loop hands them over (push_weights) "
                                "before it asks for episodes")
         every = self.cfg.trainer.check_logprobs_every
-        checked = every and step % every == 0
-        probe = None
-        if checked:
-            text = fixed_probe(len(self.tokenizer), seed=step, excluded=self.reserved_tokens)
-            probe = (*text, None) if self.images is None else with_image_prompts(text, self.images, step)
+        probe = self.probe(step) if every and step % every == 0 else None
         sequences = None if probe is None else ([p + r for p, r in zip(*probe[:2])], [len(p) for p in probe[0]],
                                                 probe[2])
         with timer("sync"):
@@ -258,30 +260,26 @@ class QueuedSource(Source):
         self.pushed = version
         metrics.update(sent)
         if probe is not None:
-            metrics["check/logprob_max_diff"] = self._check(weights, probe, [r["scores"] for r in results.values()])
+            scores = [r["scores"] for r in results.values()]
+            metrics["check/logprob_max_diff"] = engines_agree(weights.logprobs, probe, scores, self.pad_id,
+                                                              self.cfg.trainer.logprob_tolerance)
 
-    def _land(self, metrics: dict) -> None:
-        """Wait for the push the rollout workers are still loading, if one is. A receiver that died meanwhile is
-        healed; its replacement joins at the next push (as does every receiver's, if none is left)."""
+    def _land(self, metrics: dict) -> bool:
+        """Wait for the push the rollout workers are still loading, if one is; whether it must be pushed again. A
+        receiver that died meanwhile is healed (its replacement joins at the next push); the others then fail at the
+        push's end, an echo of that death (their engines stay paused until a push succeeds), so it goes again."""
         landing, self.landing = self.landing, None
-        if landing is not None:
-            self._landed(landing.members, landing.version, self._gather(landing.members, landing.received), metrics)
+        if landing is None:
+            return False
+        results, _ = self._settle(landing.members, landing.received)
+        self._landed([m for m in landing.members if m[0] in results], landing.version, results, metrics)
+        return len(results) < len(landing.members)
 
     def _landed(self, members: list[tuple[int, int]], version: int, results: dict[int, Any], metrics: dict) -> None:
         self.roster.pushed(members, version)
         if results:
             metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
 
-    def _check(self, weights: Weights, probe: tuple[list[list[int]], list[list[int]], list[ProbeImages] | None],
-               engines: list) -> float:
-        """The largest |engine - actor| logprob over the probe's response tokens, on every rollout worker; raises
-        past trainer.logprob_tolerance."""
-        prompts, responses, images = probe
-        pad = self.pad_id
-        actor = weights.logprobs(probe_batch(prompts, responses, pad, images))
-        result = worst(compared(actor, probe_batch(prompts, responses, pad, images, scores)) for scores in engines)
-        raise_if_disagree(result, self.cfg.trainer.logprob_tolerance)
-        return result.max_abs_diff
 
     def state_dict(self) -> dict:
         """The task's state before the first draw not wholly taken, and which groups of later draws were."""
@@ -346,8 +344,7 @@ class QueuedSource(Source):
 
 @dataclass
 class Landing:
-    """A push handed over to the rollout workers ``members`` (slot, generation), whose loads ``received`` are
-    still under way."""
+    """A push handed over to the rollout workers ``members`` (slot, generation), their loads still under way."""
     members: list[tuple[int, int]]
     received: list
     version: int

@@ -19,6 +19,7 @@ from rlcore.rollout.handles import Weights
 from rlcore.specs import Sampling, Task
 from rlcore.timing import Timer
 from rlcore.trajectory import Trajectory, episodes_of
+from rlcore.weight_sync.logprob_check import ProbeImages, fixed_probe, with_image_prompts
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,11 @@ class Source(abc.ABC):
     def reserved_tokens(self) -> tuple[int, ...]:
         """Tokens no request samples and no engine check scores: a vision-language model's image placeholders."""
         return self.images.reserved if self.images is not None else ()
+
+    def probe(self, seed: int) -> tuple[list[list[int]], list[list[int]], list[ProbeImages] | None]:
+        """The engine check's fixed probe: prompts, responses, and for a vision-language model image prompts too."""
+        text = fixed_probe(len(self.tokenizer), seed=seed, excluded=self.reserved_tokens)
+        return (*text, None) if self.images is None else with_image_prompts(text, self.images, seed)
 
     def sampling(self, temperature: float) -> Sampling:
         """How the run's requests sample."""

@@ -90,6 +90,16 @@ def check_logprobs(actor, rollout, prompts, responses, pad_id: int, tolerance: f
     return raise_if_disagree(compare_logprobs(actor, rollout, prompts, responses, pad_id), tolerance)
 
 
+def engines_agree(actor_logprobs, probe: tuple[list[list[int]], list[list[int]], list[ProbeImages] | None],
+                  engines: list[list[list[float]]], pad_id: int, tolerance: float) -> float:
+    """The largest |engine - actor| logprob over the probe's response tokens (``engines``: each engine's scores of
+    them; ``actor_logprobs``: the actor's, of a probe batch); raises past ``tolerance``."""
+    prompts, responses, images = probe
+    actor = actor_logprobs(probe_batch(prompts, responses, pad_id, images))
+    result = worst(compared(actor, probe_batch(prompts, responses, pad_id, images, scores)) for scores in engines)
+    return raise_if_disagree(result, tolerance).max_abs_diff
+
+
 def raise_if_disagree(result: LogprobComparison, tolerance: float) -> LogprobComparison:
     if not result.max_abs_diff <= tolerance:
         raise RlcoreError(f"rollout engine and actor disagree after a weight sync: max |logprob diff| "
