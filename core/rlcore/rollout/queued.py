@@ -280,7 +280,6 @@ class QueuedSource(Source):
         if results:
             metrics["sync/pause_seconds"] = max(r["pause_seconds"] for r in results.values())
 
-
     def state_dict(self) -> dict:
         """The task's state before the first draw not wholly taken, and which groups of later draws were."""
         producer = self.producer.state_dict()
