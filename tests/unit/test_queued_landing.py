@@ -46,7 +46,7 @@ def landing_source(monkeypatch, *outcomes):
     monkeypatch.setattr(ray, "get", get)
     source = QueuedSource.__new__(QueuedSource)
     source.roster, source.producer = Roster(), Producer()
-    source.landing = Landing(MEMBERS, list(outcomes), 3)
+    source.landing, source.pushed = Landing(MEMBERS, list(outcomes)), 3
     return source
 
 

@@ -250,7 +250,7 @@ class QueuedSource(Source):
                         continue
                     raise
                 if probe is None and self.cfg.rollout.max_staleness >= 1:
-                    self.landing = Landing(members, received, version)
+                    self.landing = Landing(members, received)
                     break
                 results = self._gather(members, received)
                 if results:         # else every receiver died after the sender was done: again, to the new ones
@@ -272,7 +272,7 @@ class QueuedSource(Source):
         if landing is None:
             return False
         results, _ = self._settle(landing.members, landing.received)
-        self._landed([m for m in landing.members if m[0] in results], landing.version, results, metrics)
+        self._landed([m for m in landing.members if m[0] in results], self.pushed, results, metrics)
         return len(results) < len(landing.members)
 
     def _landed(self, members: list[tuple[int, int]], version: int, results: dict[int, Any], metrics: dict) -> None:
@@ -343,7 +343,7 @@ class QueuedSource(Source):
 
 @dataclass
 class Landing:
-    """A push handed over to the rollout workers ``members`` (slot, generation), their loads still under way."""
+    """The last push (``QueuedSource.pushed``), handed over to the rollout workers ``members`` (slot, generation),
+    their loads (``received``) still under way."""
     members: list[tuple[int, int]]
     received: list
-    version: int

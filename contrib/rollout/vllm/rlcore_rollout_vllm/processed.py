@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 
 
 class ProcessedPrompts:
-    """The processed requests of the ``capacity`` (prompt, sampling, adapter) keys processed last: a group's samples are sent
-    one after another, so a few dozen suffice, and a multi-turn agent's later turns (each prompt its own) keep no
-    more than that many long prompts. A kept request never goes to the engine itself (vLLM rewrites the id of a
-    request it admits): every request added is a copy."""
+    """The processed requests of the ``capacity`` (prompt, sampling, adapter) keys processed last: a group's samples
+    are sent one after another, so a few dozen suffice, and a multi-turn agent's later turns (each prompt its own)
+    keep no more than that many long prompts. A kept request never goes to the engine itself (vLLM rewrites the id
+    of a request it admits): every request added is a copy."""
 
     def __init__(self, capacity: int = 64):
         self._kept: dict[Hashable, EngineCoreRequest] = {}
