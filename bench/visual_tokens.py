@@ -4,10 +4,10 @@ cost per token (issue 41's benchmark).
     python bench/visual_tokens.py [--prompts 64] [--image-size 112] [--response 8] [--repeats 3] [--smoke]
 
 The visual-quickstart's tiny Qwen2.5-VL architecture (random weights; its tokenizer and image processor as the run
-builds them) and the shapes task's prompts ("<image> count red", one image of ``--image-size`` pixels a side). The
-text-only twin of each prompt has the same tokens with every image placeholder replaced by a word, and no image.
-Rollout: the vLLM engine (in this process) samples ``--response`` tokens for every prompt, all in flight at once
-(``generate_with_images`` vs ``generate``); update: the Megatron actor's ``train_step`` on the prompts and their
+builds them) and the shapes task's grid-scene prompts ("<image> count red", one image of ``--image-size`` pixels a
+side). The text-only twin of each prompt has the same tokens with every image placeholder replaced by a word, and no
+image. Rollout: the vLLM engine (in this process) samples ``--response`` tokens for every prompt, all in flight at
+once (``generate_with_images`` vs ``generate``); update: the Megatron actor's ``train_step`` on the prompts and their
 responses (the images' pixels in the rows' metadata vs none). Prints tokens/s (prompt + response) of each, median of
 ``--repeats`` after a warm-up. Last line: ``visual/text-only tokens/s: rollout <x>x, update <y>x (<n> prompts, <t>
 tokens each)``. ``--smoke`` (tests/integration/test_bench_smoke.py): 4 prompts, 2 tokens, one repeat.
@@ -58,7 +58,8 @@ def main() -> None:
     from rlcore.specs import Sampling
 
     torch.set_num_threads(1)
-    cfg = load_config("visual-quickstart", [f"task.options.image_size={args.image_size}", "rollout.kv_cache_gib=0.1"])
+    cfg = load_config("visual-quickstart", [f"task.options.image_size={args.image_size}", "task.options.scene=grid",
+                                            "rollout.kv_cache_gib=0.1"])
     registry = load_plugins(["qwen2_vl", "grpo", "vllm"]).registry
     spec, task = registry.get("models", "qwen2_vl"), registry.get("tasks", "shapes").build(
         dict(cfg.task.options), 0)

@@ -33,6 +33,21 @@ def test_answers_are_what_the_pictures_show(questions):
             assert meta["answer"] == (cells[CELLS.index(" ".join(words[1:]))] or "none")
 
 
+@pytest.mark.parametrize("image_size", [56, 112])
+def test_group_scene_answers_count_the_squares_and_name_their_one_colour(image_size):
+    task = _build({"scene": "group", "image_size": image_size, "eval_size": 100}, seed=3)
+    examples = task.eval_prompts() + task.train_prompts(0, 100)
+    for prompt, meta in examples:
+        cells = cell_colours(meta[IMAGES][0])
+        shown = [c for c in cells if c]
+        assert len(set(shown)) <= 1
+        expected = {"count": str(len(shown)), "colour": shown[0] if shown else "none"}[prompt.split()[1]]
+        assert prompt.split()[0] == "<image>" and len(prompt.split()) == 2 and meta["answer"] == expected
+    counts = [m["answer"] for p, m in examples if p.endswith("count")]
+    assert set(counts) == set("01234")         # uniform 0-4: no answer the question alone gives most of the time
+    assert max(counts.count(c) for c in set(counts)) < 0.4 * len(counts)
+
+
 def test_held_out_set_is_fixed_and_training_draws_repeat():
     a, b = _build({}, seed=0), _build({}, seed=1)
     assert [p for p, _ in a.eval_prompts()] == [p for p, _ in b.eval_prompts()]
@@ -57,8 +72,9 @@ def test_tokenizer_covers_every_question_and_answer(tmp_path):
         assert 0 not in ids and len(ids) == len(words.split())
 
 
-@pytest.mark.parametrize("options, key", [({"questions": "count,size"}, "questions"), ({"image_size": 100}, "image_size"),
-                                          ({"fill": 1.5}, "fill")])
+@pytest.mark.parametrize("options, key", [({"questions": "count,size"}, "questions"),
+                                          ({"image_size": 100}, "image_size"), ({"fill": 1.5}, "fill"),
+                                          ({"scene": "mixed"}, "scene")])
 def test_bad_options_are_refused_naming_them(options, key):
     with pytest.raises(ConfigError, match=f"task.options.{key}"):
         _build(options, seed=0)

@@ -1,7 +1,8 @@
 """Built-in visual task: coloured squares in a 2 x 2 grid, and a question about them ("<image> count red" -> "2",
-"<image> colour top left" -> "blue" or "none"), exact-match reward; a word-level tokenizer, so that a tiny
-vision-language model is built and trained locally with nothing downloaded. The images are drawn here (PIL), the
-held-out set fixed by its own seed, the training images by the run's seed and the step."""
+"<image> colour top left" -> "blue" or "none"; or, in the ``group`` scene the visual quickstart trains, 0-4 squares
+of one colour: "<image> count" -> "3", "<image> colour" -> "blue"), exact-match reward; a word-level tokenizer, so
+that a tiny vision-language model is built and trained locally with nothing downloaded. The images are drawn here
+(PIL), the held-out set fixed by its own seed, the training images by the run's seed and the step."""
 from __future__ import annotations
 
 import random
@@ -15,6 +16,7 @@ EOS = "<|endoftext|>"
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 220), "yellow": (235, 200, 20)}
 CELLS = ("top left", "top right", "bottom left", "bottom right")
 QUESTIONS = ("count", "colour")
+SCENES = ("grid", "group")
 WORDS = ("count", "colour", "top", "bottom", "left", "right", "none", *COLOURS, *"01234")
 EVAL_SPLIT_SEED = 4321   # the held-out set does not depend on the run seed, so runs are comparable
 
@@ -22,6 +24,8 @@ EVAL_SPLIT_SEED = 4321   # the held-out set does not depend on the run seed, so 
 @dataclass
 class ShapesOptions:
     questions: str = "count,colour"   # which questions are asked: count (of one colour), colour (of one cell)
+    scene: str = "grid"               # grid: each cell empty or a square of any colour; group: 0-4 squares (a
+                                      # uniform count) of one colour, asked "count" / "colour" of the whole picture
     image_size: int = 112             # pixels per side (the tiny model's processor keeps 112 x 112 whole)
     fill: float = 0.6                 # the chance that a cell holds a square
     eval_size: int = 200              # held-out questions, images never trained on
@@ -35,6 +39,8 @@ class Shapes(Task):
                               f"{', '.join(QUESTIONS)}")
         if options.image_size < 56 or options.image_size % 28:
             raise ConfigError(f"task.options.image_size = {options.image_size}: a multiple of 28, at least 56")
+        if options.scene not in SCENES:
+            raise ConfigError(f"task.options.scene = {options.scene!r}: one of {', '.join(SCENES)}")
         if not 0 <= options.fill <= 1:
             raise ConfigError(f"task.options.fill = {options.fill}: a probability, from 0 to 1")
         self.options, self.seed = options, seed
@@ -42,6 +48,8 @@ class Shapes(Task):
 
     def _example(self, rng: random.Random) -> tuple[str, dict]:
         """A picture (each cell empty or a square of a colour, jittered in size and place) and a question on it."""
+        if self.options.scene == "group":
+            return self._group_example(rng)
         cells = [rng.choice(list(COLOURS)) if rng.random() < self.options.fill else None for _ in CELLS]
         question = rng.choice(self.questions)
         if question == "count":
@@ -51,6 +59,15 @@ class Shapes(Task):
             cell = rng.randrange(len(CELLS))
             text, answer = f"colour {CELLS[cell]}", cells[cell] or "none"
         return f"{IMAGE_TAG} {text}", {"answer": answer, IMAGES: [self._draw(cells, rng)]}
+
+    def _group_example(self, rng: random.Random) -> tuple[str, dict]:
+        """0-4 squares of one colour in distinct cells: how many, and which colour ("none" without any)."""
+        count, colour = rng.randint(0, len(CELLS)), rng.choice(list(COLOURS))
+        chosen = set(rng.sample(range(len(CELLS)), count))
+        cells = [colour if i in chosen else None for i in range(len(CELLS))]
+        question = rng.choice(self.questions)
+        answer = str(count) if question == "count" else (colour if count else "none")
+        return f"{IMAGE_TAG} {question}", {"answer": answer, IMAGES: [self._draw(cells, rng)]}
 
     def _draw(self, cells: list[str | None], rng: random.Random):
         from PIL import Image, ImageDraw
@@ -101,5 +118,6 @@ def _build(options: dict, seed: int) -> Shapes:
 
 
 SHAPES = TaskSpec("shapes", _build, default_reward="exact_match",
-                  description="coloured squares in a 2x2 grid: count a colour / name a cell's colour; exact-match "
-                              "reward; word-level tokenizer (vision-language models)")
+                  description="coloured squares in a 2x2 grid: count a colour / name a cell's colour (scene=group: "
+                              "count the squares / name their one colour); exact-match reward; word-level tokenizer "
+                              "(vision-language models)")
