@@ -27,7 +27,7 @@ class ShapesOptions:
     scene: str = "grid"               # grid: each cell empty or a square of any colour; group: 0-4 squares (a
                                       # uniform count) of one colour, asked "count" / "colour" of the whole picture
     image_size: int = 112             # pixels per side (the tiny model's processor keeps 112 x 112 whole)
-    fill: float = 0.6                 # the chance that a cell holds a square
+    fill: float = 0.6                 # the chance that a cell holds a square (grid scene)
     eval_size: int = 200              # held-out questions, images never trained on
 
 
