@@ -23,7 +23,7 @@ EVAL_SPLIT_SEED = 4321   # the held-out set does not depend on the run seed, so 
 
 @dataclass
 class ShapesOptions:
-    questions: str = "count,colour"   # which questions are asked: count (of one colour), colour (of one cell)
+    questions: str = "count,colour"   # which are asked: count (of a colour; group: of the squares), colour (of a cell)
     scene: str = "grid"               # grid: each cell empty or a square of any colour; group: 0-4 squares (a
                                       # uniform count) of one colour, asked "count" / "colour" of the whole picture
     image_size: int = 112             # pixels per side (the tiny model's processor keeps 112 x 112 whole)
