@@ -24,8 +24,8 @@ rollout or waiting for groups, reward, update, weight sync; not evaluation); res
 batches' response tokens, tails included, over the same time); the trainer's idle fraction (async:
 ``async/trainer_idle_frac``; colocated: the step's share spent generating, ``time/rollout``); the rollout side's
 idle fraction (async), the mean seconds of each phase of a step (the old-logprob pass runs only where a batch
-gets several updates), the engine pause of a push, the mean staleness; and the first evaluation (every ``--eval-every`` steps) at
-held-out accuracy >= ``--threshold``, as its step and the sum of ``time/step`` until then. Last line:
+gets several updates), the engine pause of a push, the mean staleness; and the first evaluation (every ``--eval-every``
+steps) at held-out accuracy >= ``--threshold``, as its step and the sum of ``time/step`` until then. Last line:
 ``async speedup <x> quickstart, <y> long-tailed, <z> slow-world``: the best async setting's steps/s over the
 colocated run's. Goals: >= 1.4x on the quickstart and >= 1.6x long-tailed (issue 26), >= 1.5x slow-world (issue 39),
 reaching the threshold no later.

@@ -10,8 +10,8 @@ until training could go on, ``async stall``, and until the write is finalized); 
 the same tensors (its model shard's parameters and its optimizer state) as raw bytes into one file with an fsync.
 Prints seconds (median, after barriers: the slowest rank), the bytes each wrote, and the ratios to the floor.
 Goal: the asynchronous save stalls training no longer than the floor (ratio <= 1).
-``--smoke`` (tests/integration/test_bench_smoke.py): the same path on a model of ~0.2M parameters (SMOKE_SHAPE), layout tp2
-unless ``--layouts`` is given, one repeat; the last line is then that layout's row, its ratios ``<x>x, <y>x``.
+``--smoke`` (tests/integration/test_bench_smoke.py): the same path on a model of ~0.2M parameters (SMOKE_SHAPE), layout
+tp2 unless ``--layouts`` is given, one repeat; the last line is then that layout's row, its ratios ``<x>x, <y>x``.
 """
 from __future__ import annotations
 
@@ -146,7 +146,8 @@ def main() -> None:
                 sys.exit("\n".join(errors[-20:]) + "\n" + out.stderr[-2000:])
             r = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
         print(f"{name:<8} {r['parameters'] / 1e6:>6.0f}M {r['floor_s']:>8.2f} {r['save_s']:>7.2f} "
-              f"{r['stall_s']:>14.2f} {r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} {r['floor_bytes'] / 1e6:>9.0f}"
+              f"{r['stall_s']:>14.2f} {r['async_s']:>14.2f} {r['save_bytes'] / 1e6:>8.0f} "
+              f"{r['floor_bytes'] / 1e6:>9.0f}"
               f"   {r['save_s'] / r['floor_s']:.1f}x, {r['stall_s'] / r['floor_s']:.2f}x")
 
 

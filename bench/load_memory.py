@@ -14,8 +14,8 @@ peak rise over the bound max_shard_size + largest tensor. ``baseline`` runs the 
 change in the same processes' place: every file read whole by every rank (``safetensors.torch.load_file``), every
 converted tensor held until all are copied, and the export collected into one dict written as one file.
 Goal: ratios <= 1.3 at every layout. Last line: ``worst load ratio <x>, worst export ratio <y>`` (the new code's).
-``--smoke`` (tests/integration/test_bench_smoke.py): the same path on a MoE model of a few hundred kB (SMOKE) in several files,
-at world1 (a 2-rank layout costs 20 s more), export files of 1 MB (``--models``/``--layouts`` still choose); its
+``--smoke`` (tests/integration/test_bench_smoke.py): the same path on a MoE model of a few hundred kB (SMOKE) in several
+files, at world1 (a 2-rank layout costs 20 s more), export files of 1 MB (``--models``/``--layouts`` still choose); its
 ratios mean nothing (the bounds are dominated by the 1 MB file size).
 """
 from __future__ import annotations

@@ -10,12 +10,13 @@ own process (peak memory is the process's maximum resident set): ``fixed`` (``mi
 batch's longest), ``budget`` (``max_tokens_per_micro_batch``), ``packed`` (the budget in tokens, each micro-batch's
 sequences end to end in one row: ``pack_sequences``), ``budget+full`` (the budget with full activation
 recompute) and ``budget+whole`` (the budget with the output layer and logprobs on all of a micro-batch's tokens at
-once; the others take ``--chunk`` tokens at a time: ``logprob_chunk_tokens``). Prints trained (response) tokens per second over ``--repeats`` updates after a warm-up one, the padding
-fraction (the update's ``actor/padding_frac``: padded positions of all positions the passes computed), the peak
-resident memory, and the ratios to fixed. Goal (issue 16): >= 1.6x the fixed-size throughput at no higher peak
-memory. Last line: ``logits <chunk> tokens at a time: <m> MB less peak memory than all at once, <x>x its throughput``.
-``--smoke`` (tests/integration/test_bench_smoke.py): every configuration on 4 sequences of at most 64 tokens, a 2-layer model
-(SMOKE_SHAPE), one timed update, all in this process one after another (a process each costs ~10 s of imports), so
+once; the others take ``--chunk`` tokens at a time: ``logprob_chunk_tokens``). Prints trained (response) tokens per
+second over ``--repeats`` updates after a warm-up one, the padding fraction (the update's ``actor/padding_frac``:
+padded positions of all positions the passes computed), the peak resident memory, and the ratios to fixed. Goal
+(issue 16): >= 1.6x the fixed-size throughput at no higher peak memory.
+Last line: ``logits <chunk> tokens at a time: <m> MB less peak memory than all at once, <x>x its throughput``.
+``--smoke`` (tests/integration/test_bench_smoke.py): every configuration on 4 sequences of at most 64 tokens, a 2-layer
+model (SMOKE_SHAPE), one timed update, all in this process one after another (a process each costs ~10 s of imports), so
 its peak memory is the process's so far and its memory ratios mean nothing.
 """
 from __future__ import annotations

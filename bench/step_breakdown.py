@@ -7,8 +7,8 @@ phases against the first's, and the weight sync against its floor measured in th
 the same tensors (same names, shapes, bytes) into preallocated buffers. Target on the 2-core CPU machine: median
 step < 0.4 s. Last line: the last backend's ``... sync / copy = <x>x; median step <s> s (target < 0.4 s): MET``
 (or ``NOT MET``).
-``--smoke`` (tests/integration/test_bench_smoke.py): vLLM unless ``--backend`` is given, 2 steps after 1 warm-up step of 4
-prompts x 2 samples, from the model as built (no warm start; SMOKE, its cache in a temporary folder).
+``--smoke`` (tests/integration/test_bench_smoke.py): vLLM unless ``--backend`` is given, 2 steps after 1 warm-up step of
+4 prompts x 2 samples, from the model as built (no warm start; SMOKE, its cache in a temporary folder).
 """
 from __future__ import annotations
 

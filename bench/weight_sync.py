@@ -7,7 +7,8 @@ For each backend and layout (torchrun, one process per rank, gloo) every rank ho
 engine (rollout TP=1: vLLM in the process through its external launcher, SGLang in its own scheduler process).
 After one warm-up sync, ``--repeats`` timed syncs alternate with the engine floor: the engine ingesting the same full
 HF tensors already in memory (``update_weights`` with no conversion or communication), so that drift on a busy
-machine hits both alike. "sync/ingest" is the median of those paired ratios, on the worst rank. Goal: sync <= 1.3x the engine floor.
+machine hits both alike. "sync/ingest" is the median of those paired ratios, on the worst rank. Goal: sync <= 1.3x the
+engine floor.
 
 Columns: seconds per sync (median) with the default transport (shared memory between ranks on one host);
 "producer s", the part of it spent producing tensors (assembling and converting buckets, waiting for the other
@@ -19,8 +20,8 @@ resident-memory rise during a sync; "engine own MB", the rise during the engine 
 re-materialisation; the sync's own extra memory is roughly the difference); the largest bucket plus the largest
 tensor; "copy s", a plain copy of the model's HF tensors into preallocated buffers (the other floor). Last line:
 ``worst sync/ingest <x>x (<backend> <layout>)``; a layout that failed makes the exit status 1.
-``--smoke`` (tests/integration/test_bench_smoke.py): a model of ~0.1M parameters (SMOKE_SHAPE) in buckets of 0.25 MB, one
-repeat, vLLM at tp2 unless ``--backend``/``--layouts`` are given.
+``--smoke`` (tests/integration/test_bench_smoke.py): a model of ~0.1M parameters (SMOKE_SHAPE) in buckets of 0.25 MB,
+one repeat, vLLM at tp2 unless ``--backend``/``--layouts`` are given.
 """
 from __future__ import annotations
 
@@ -212,9 +213,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/tmp") as ckpt:
         make_checkpoint(ckpt, args.dtype, *((SMOKE_SHAPE, SMOKE_VOCAB) if args.smoke else (SHAPE, VOCAB)))
         params, failed, worst_ratio = None, [], None
-        columns = ["backend", "layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets", "remaps",
-                   "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s", "sync/ingest",
-                   "sync/copy"]
+        columns = ["backend", "layout", "sync s", "producer s", "gloo s", "MB moved", "collectives", "buckets",
+                   "remaps", "shm MB", "peak extra MB", "engine own MB", "bucket+largest MB", "copy s", "ingest s",
+                   "sync/ingest", "sync/copy"]
         print(" ".join(f"{c:>{max(len(c), 7)}}" for c in columns))
         for backend, layout in [(b, lay) for lay in layouts.split(",") for b in backends.split(",")]:
             world = LAYOUTS[layout][0]

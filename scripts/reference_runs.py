@@ -2,7 +2,8 @@
 
     python scripts/reference_runs.py record OUT [--only NAME ...]    # run them in OUT/<name>/, keep OUT/<name>.jsonl
     python scripts/reference_runs.py compare REF NEW [--only ...]     # every logged metric but timings, per step
-    python scripts/reference_runs.py record-artifacts OUT             # CLI outputs and exported tensors -> OUT/artifacts/
+    python scripts/reference_runs.py record-artifacts OUT             # CLI outputs and exported tensors ->
+                                                                      # OUT/artifacts/
     python scripts/reference_runs.py compare-artifacts REF NEW
 
 Each run is `rlcore run` as a user starts it, with every random choice fixed by its seed; on one CPU machine a run is

@@ -51,9 +51,9 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCA
 # PYTHONPATH points, the running test's name, what Ray adds for its workers (RAY_* too: Ray is imported after the
 # fork), what a run sets for its workers (vLLM reads it as an engine starts), what megatron-core sets as it builds a
 # model (NVTE_*: Transformer Engine's, not installed), and where the zygote's children find it
-READ_AFTER_FORK = {"PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "SPT_NOENV", "VLLM_ENABLE_V1_MULTIPROCESSING",
-                   "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN", "RLCORE_TEST_ZYGOTE",
-                   "RAY_JOB_CONFIG_JSON_ENV_VAR", *RANK_ENV}
+READ_AFTER_FORK = {"PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "SPT_NOENV",
+                   "VLLM_ENABLE_V1_MULTIPROCESSING", "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN",
+                   "RLCORE_TEST_ZYGOTE", "RAY_JOB_CONFIG_JSON_ENV_VAR", *RANK_ENV}
 IMPORTED_ENV: dict[str, str] = {}    # what PRELOAD's imports set in the environment (vLLM does), given to each child
 RAY_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_worker.py")
 STARTING_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}   # the test process's, before its own imports changed it

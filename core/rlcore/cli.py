@@ -1,5 +1,5 @@
-"""`rlcore run`, `rlcore train-rm`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`, `rlcore convert`,
-`rlcore scale`, and the
+"""`rlcore run`, `rlcore train-rm`, `rlcore diagnose`, `rlcore plugins`, `rlcore dataset`, `rlcore export`,
+`rlcore convert`, `rlcore scale`, and the
 commands and `rlcore run` flags plugins add (``rlcore_commands``, ``rlcore_run_dialects``). User mistakes print one
 line and exit 2; nothing else changes."""
 from __future__ import annotations

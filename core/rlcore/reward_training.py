@@ -58,7 +58,8 @@ class RewardModelTraining:
                 raise ConfigError(f"reward_training.synthetic_pairs = {section.synthetic_pairs}: {e}") from None
         else:
             raise ConfigError("reward_training has no pairs: give reward_training.train_files (Parquet with prompt, "
-                              "chosen, rejected), or reward_training.synthetic_pairs=<count> for a task that makes them")
+                              "chosen, rejected), or reward_training.synthetic_pairs=<count> for a task that "
+                              "makes them")
         per_step = section.pairs_per_step
         cfg.trainer.steps = max(1, math.ceil(section.epochs * len(self.train_pairs) / per_step))
         cfg.trainer.eval_every = section.eval_every
@@ -201,7 +202,8 @@ def prepare_reward_model(cfg: Config, plugins: LoadedPlugins) -> str | None:
                       "warm_start": dataclasses.asdict(cfg.warm_start) | {"cache_dir": None},
                       "task": to_dict(cfg)["task"], "seed": cfg.run.seed,
                       "reward_model": {k: v for k, v in to_dict(cfg)["reward_model"].items() if k not in ("path",)},
-                      "files": [os.path.getmtime(os.path.expanduser(f)) for f in section.train_files + section.val_files]},
+                      "files": [os.path.getmtime(os.path.expanduser(f))
+                                for f in section.train_files + section.val_files]},
                      sort_keys=True, default=str)
     cache = os.path.expanduser(cfg.warm_start.cache_dir)
     target = os.path.join(cache, f"reward-model-{cfg.task.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")

@@ -4,9 +4,9 @@ layers can replay them (``actor.moe.routing_replay=rollout``, routing replay, "R
 The engine side of the contract: a completion's ``routed_experts`` is an int tensor [n, layers, top_k] for the n
 tokens the engine ran the model on, in order (the prompt and every sampled token but the last, which was never fed
 back: n = len(prompt) + len(response) - 1), over the model's MoE layers in order (dense layers have no row), each
-row the top-k expert ids (any order; the engines here sort them). A request resumed after a partial pause, or a multi-turn episode's next turn,
-covers the tokens it was sent again: only the rows of tokens that were not routed before are new (``joined``), so a
-token keeps the route that produced what was sampled after it.
+row the top-k expert ids (any order; the engines here sort them). A request resumed after a partial pause, or a
+multi-turn episode's next turn, covers the tokens it was sent again: only the rows of tokens that were not routed before
+are new (``joined``), so a token keeps the route that produced what was sampled after it.
 
 In the training batch (``to_batch``) they are ``ROUTED_EXPERTS`` [rows, width, layers, top_k] int16 by token
 position (not label position: a token's route belongs to the forward at that token), -1 where a position has none

@@ -174,8 +174,8 @@ def test_without_a_timeout_the_hung_request_hangs_the_run(tmp_path, warm_start_c
         run.wait()
 
 
-BROKEN_LOAD_BACKEND = '''"""vLLM whose engine fails halfway through loading its first weight push: a receiver that errors but lives.
-It notes when, in the file MARKER."""
+BROKEN_LOAD_BACKEND = '''"""vLLM whose engine fails halfway through loading its first weight push: a receiver that
+errors but lives. It notes when, in the file MARKER."""
 import pathlib
 import time
 

@@ -12,7 +12,8 @@ from runs import ENV, async_quickstart, install_distribution, logged, run_to_end
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STEPS, BATCH, MINI_BATCHES = 6, 16, 2       # BATCH: the quickstart's trainer.prompts_per_step
-RECORDER = '''"""Writes each step's trained rows' weight versions (the oldest that sampled each row) to one JSON line."""
+RECORDER = '''"""Writes each step's trained rows' weight versions (the oldest that sampled each row) to one JSON
+line."""
 import json
 
 from rlcore.hookspecs import hookimpl

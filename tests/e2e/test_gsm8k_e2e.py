@@ -33,7 +33,8 @@ def test_grpo_on_gsm8k_parquet_with_a_chat_template_and_the_math_reward(tmp_path
     result = run_cli(rlcore + [
         "run", "--plugins=qwen3,grpo,vllm", "quickstart", f"model.path={ckpt}", "task.name=dataset",
         f"task.options.train_files=[{tmp_path / 'train.parquet'}]",
-        f"task.options.val_files=[{tmp_path / 'test.parquet'}]", f"task.reward_fn={tmp_path / 'shaping.py'}:brevity", "task.rewards={math: 1.0, brevity: 0.1}",
+        f"task.options.val_files=[{tmp_path / 'test.parquet'}]", f"task.reward_fn={tmp_path / 'shaping.py'}:brevity",
+        "task.rewards={math: 1.0, brevity: 0.1}",
         "trainer.steps=3", "trainer.prompts_per_step=4", "rollout.n=4", "rollout.max_response_len=48",
         "trainer.eval_every=2", "trainer.eval_n=2", "trainer.eval_temperature=1.0", "trainer.check_logprobs_every=1",
         "actor.micro_batch_size=16", "actor.optim.lr_warmup_steps=2", "run.progress=false", f"run.dir={run_dir}"],

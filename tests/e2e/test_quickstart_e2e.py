@@ -49,7 +49,8 @@ def test_exported_checkpoint_loads_in_transformers_and_matches_the_actor(quickst
     from rlcore.data import Batch, build_sequences
 
     hf = AutoModelForCausalLM.from_pretrained(quickstart.summary["export"], dtype=torch.float32).eval()
-    prompts, responses = [quickstart.source.encode("12+35=")] * 2, [quickstart.source.encode("47"), quickstart.source.encode("48")]
+    prompts, responses = [quickstart.source.encode("12+35=")] * 2, [quickstart.source.encode("47"),
+                                                                    quickstart.source.encode("48")]
     batch = Batch(build_sequences(prompts, responses, quickstart.eos_id))
     ours = quickstart.workers.workers[0].actor.logprobs(batch)
     with torch.no_grad():

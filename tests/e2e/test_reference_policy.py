@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_reference_is_a_frozen_copy(quickstart):
     actor = quickstart.workers.workers[0].actor
-    batch = Batch(build_sequences([quickstart.source.encode("3+4=")] * 4, [quickstart.source.encode("7")] * 4, quickstart.eos_id))
+    batch = Batch(build_sequences([quickstart.source.encode("3+4=")] * 4, [quickstart.source.encode("7")] * 4,
+                                  quickstart.eos_id))
     actor.freeze_reference()
     try:
         before = actor.logprobs(batch)
@@ -34,7 +35,8 @@ def test_offloaded_reference_leaves_the_device_between_its_passes(quickstart, mo
     """With actor.offload.reference the reference's parameter storage is empty (on CUDA: in pinned host memory)
     except during its own pass, and its logprobs are bit for bit those of a reference kept on the device."""
     actor = quickstart.workers.workers[0].actor
-    batch = Batch(build_sequences([quickstart.source.encode("3+4=")] * 4, [quickstart.source.encode("7")] * 4, quickstart.eos_id))
+    batch = Batch(build_sequences([quickstart.source.encode("3+4=")] * 4, [quickstart.source.encode("7")] * 4,
+                                  quickstart.eos_id))
     assert not actor.cfg.offload.reference_on_host()     # the quickstart offloads nothing
     actor.freeze_reference()
     try:

@@ -1,7 +1,7 @@
 """EP2 on a Qwen3-MoE model (2 processes, gloo): experts split over ranks, and a training step keeps the shared
 (non-expert) weights identical on both ranks. Loading and exporting at EP2 and the logits are rlcore's conformance
-check (rlcore_testing.models.assert_expert_parallel, run by the model plugins' tests); the engine side (vLLM logprobs equal
-the actor's after every sync, rollout TP 1 and 2) is the ``moe-ep2`` layouts in test_layouts.py."""
+check (rlcore_testing.models.assert_expert_parallel, run by the model plugins' tests); the engine side (vLLM logprobs
+equal the actor's after every sync, rollout TP 1 and 2) is the ``moe-ep2`` layouts in test_layouts.py."""
 import textwrap
 
 import pytest

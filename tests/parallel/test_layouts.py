@@ -41,7 +41,8 @@ LAYOUTS = {
     # Qwen2: the QKV bias split over TP by whole query groups, in training and in the engine
     "qwen2-tp2-rollout_tp2": ["model.family=qwen2", *SHORT_WARM_START, "trainer.world_size=2", "actor.parallel.tp=2",
                               "rollout.tp=2"],
-    # Qwen2-MoE (gated shared expert): experts over 2 ranks, the engine at TP2; on request (the EP2 split is Qwen3-MoE's)
+    # Qwen2-MoE (gated shared expert): experts over 2 ranks, the engine at TP2; on request
+    # (the EP2 split is Qwen3-MoE's)
     "qwen2_moe-ep2-rollout_tp2": ["model.family=qwen2_moe", *SHORT_WARM_START, "trainer.world_size=2",
                                   "actor.parallel.ep=2", "rollout.tp=2"],
     # Llama 3.x (llama3-scaled RoPE) at TP2 on both sides: on request (nothing in it is split differently from Qwen3)

@@ -70,7 +70,8 @@ def test_out_of_range_value_says_what_is_allowed():
     (["trainer.mode=async", "rollout.sync_every=3", "rollout.max_staleness=1"],
      "rollout.sync_every = 3 with rollout.max_staleness = 1: .* set rollout.max_staleness >= 2"),
     (["trainer.mode=async", "rollout.sync_every=2", "rollout.max_staleness=1", "actor.mini_batches=2"],
-     "rollout.sync_every = 2 with rollout.max_staleness = 1: .* up to 2 versions behind; set rollout.max_staleness >= 2"),
+     "rollout.sync_every = 2 with rollout.max_staleness = 1: .* up to 2 versions behind; "
+     "set rollout.max_staleness >= 2"),
     (["trainer.mode=async", "rollout.world_size=3", "rollout.tp=2"],
      r"rollout.world_size = 3 is not a multiple of rollout.tp = 2 \(async mode"),
 ])
@@ -146,7 +147,8 @@ def test_async_with_the_trainers_old_policy_gets_truncated_importance_weights_un
     grpo = pytest.importorskip("rlcore_algo_grpo.grpo")
 
     cfg = load_config("quickstart", ASYNC + ["rollout.max_staleness=1", "actor.old_logprobs=actor"])
-    assert async_default(cfg, grpo.GRPOConfig) == "algorithm.rollout_is=token" and cfg.algorithm["rollout_is"] == "token"
+    assert (async_default(cfg, grpo.GRPOConfig) == "algorithm.rollout_is=token"
+            and cfg.algorithm["rollout_is"] == "token")
     for chosen in (["actor.old_logprobs=auto"], ["actor.old_logprobs=actor", "algorithm.rollout_is=none"]):
         cfg = load_config("quickstart", ASYNC + ["rollout.max_staleness=1", *chosen])
         assert async_default(cfg, grpo.GRPOConfig) is None

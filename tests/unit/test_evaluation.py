@@ -26,7 +26,8 @@ def test_rows_without_a_source_get_only_overall_metrics():
 
 
 def test_curves_drawn_besides_accuracy():
-    evals = [(0, eval_metrics(torch.tensor([[1.0, 0.0]]), ["a"])), (10, eval_metrics(torch.tensor([[1.0, 1.0]]), ["a"]))]
+    evals = [(0, eval_metrics(torch.tensor([[1.0, 0.0]]), ["a"])),
+             (10, eval_metrics(torch.tensor([[1.0, 1.0]]), ["a"]))]
     assert eval_curves(evals) == {"pass@2": [(0, 1.0), (10, 1.0)], "a mean@2": [(0, 0.5), (10, 1.0)],
                                   "a pass@2": [(0, 1.0), (10, 1.0)]}
     greedy = [(0, eval_metrics(torch.tensor([[1.0]]), ["a"]))]

@@ -1,5 +1,6 @@
 """The train <-> rollout state machine: order of memory hand-off and when weights are pushed. A recording backend
-stands in for the engine here because this is pure control logic; tests/integration/test_weight_sync.py uses real vLLM."""
+stands in for the engine here because this is pure control logic; tests/integration/test_weight_sync.py uses real
+vLLM."""
 import torch
 
 from rlcore.weight_sync.hybrid import HybridEngine

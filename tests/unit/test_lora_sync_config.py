@@ -44,8 +44,9 @@ def registry():
 
 @pytest.mark.parametrize("backend", ["sglang", "hf"])
 def test_a_backend_without_adapters_is_refused_by_name(registry, backend):
-    """SGLang 0.5.23 on CPU cannot start with LoRA at all (pin_memory=True in sglang/srt/lora/layers.py: 'pin_memory=True
-    requires a CUDA or other accelerator backend'), and rlcore's SGLang backend does not load adapters."""
+    """SGLang 0.5.23 on CPU cannot start with LoRA at all (pin_memory=True in sglang/srt/lora/layers.py:
+    'pin_memory=True requires a CUDA or other accelerator backend'), and rlcore's SGLang backend does not load
+    adapters."""
     cfg = load_config("quickstart", [*LORA, f"rollout.backend={backend}"])
     for here in (True, False):      # a run and a dry run refuse alike
         with pytest.raises(ConfigError) as e:

@@ -51,6 +51,7 @@ def test_overlong_prompts_are_left_out_and_counted(chat_tokenizer, caplog):
         kept, dropped = render_and_filter(short + long, renderer, limit)
     assert [k.record for k in kept] == short and dropped == 2
     assert [r.getMessage() for r in caplog.records] == [
-        f"task.options.train_files: 2 prompt(s) longer than task.options.max_prompt_len={limit} tokens left out (2 from b.jsonl)"]
+        f"task.options.train_files: 2 prompt(s) longer than task.options.max_prompt_len={limit} tokens left out "
+        "(2 from b.jsonl)"]
     with pytest.raises(ConfigError, match="every one of the 2 prompts is longer than task.options.max_prompt_len=3"):
         render_and_filter(long, renderer, 3)

@@ -17,7 +17,8 @@ NOT_THE_REPOSITORY = {".git", ".venv", "build", "dist", "runs", "__pycache__"}  
 
 def _repository_recipe_files():
     for folder, subfolders, files in os.walk(REPO):
-        subfolders[:] = [d for d in subfolders if d not in NOT_THE_REPOSITORY and not d.endswith((".egg-info", "_cache"))]
+        subfolders[:] = [d for d in subfolders
+                         if d not in NOT_THE_REPOSITORY and not d.endswith((".egg-info", "_cache"))]
         yield from (Path(folder) / f for f in files if f.endswith(RECIPE_SUFFIXES))
 
 

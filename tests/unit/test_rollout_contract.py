@@ -104,7 +104,8 @@ def test_a_check_that_does_not_apply_is_not_a_test_of_the_class():
         not_applicable = {"release_and_resume_memory": "keeps its model"}
 
     assert TestNoRelease.test_release_and_resume_memory is None
-    assert callable(TestNoRelease.test_seeds_reproduce_samples) and callable(RolloutContract.test_release_and_resume_memory)
+    assert (callable(TestNoRelease.test_seeds_reproduce_samples)
+            and callable(RolloutContract.test_release_and_resume_memory))
     with pytest.raises(KeyError, match="TestOops.not_applicable names checks that do not exist"):
         class TestOops(RolloutContract):
             factory = RegisteredBackend("hf")

@@ -35,7 +35,8 @@ def render(prompt: Any, response: Any, tokenizer) -> list[int]:
     the tokenizer's chat template, the response as the assistant's turn(s). The end of sequence is appended unless
     it is there already."""
     if isinstance(response, list) or isinstance(prompt, list):
-        turns = lambda x: x if isinstance(x, list) else ([] if x is None else [{"role": "user", "content": x}])  # noqa: E731
+        turns = lambda x: x if isinstance(x, list) else ([] if x is None  # noqa: E731
+                                                         else [{"role": "user", "content": x}])
         answer = response if isinstance(response, list) else [{"role": "assistant", "content": response}]
         ids = tokenizer.apply_chat_template(turns(prompt) + answer, tokenize=True)
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)

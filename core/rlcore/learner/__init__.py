@@ -106,7 +106,8 @@ class Learner:
         return metrics
 
 
-def mini_batch_updates(group: ActorWorkers | CriticWorkers, model_cfg, batch: Batch, *args) -> tuple[dict[str, float], int]:
+def mini_batch_updates(group: ActorWorkers | CriticWorkers, model_cfg, batch: Batch,
+                       *args) -> tuple[dict[str, float], int]:
     """``epochs`` passes of ``mini_batches`` optimizer updates over the batch, for the actor's or the critic's
     workers; returns the mean of each metric and how many updates there were."""
     size = -(-len(batch) // model_cfg.mini_batches)

@@ -27,6 +27,7 @@ def base_fingerprint(model_path: str) -> dict[str, list]:
 
 
 def base_differences(recorded: dict[str, list], model_path: str) -> list[str]:
-    """The weight files in which ``model_path`` differs from a LoRA checkpoint's recorded base (``base_fingerprint``)."""
+    """The weight files in which ``model_path`` differs from a LoRA checkpoint's recorded base
+    (``base_fingerprint``)."""
     now = base_fingerprint(model_path)
     return sorted(name for name in set(recorded) | set(now) if recorded.get(name) != now.get(name))

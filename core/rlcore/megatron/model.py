@@ -63,8 +63,8 @@ def transformer_config(spec: ModelSpec, hf_config: dict, dtype: str = "float32",
     torch_dtype = DTYPES[dtype]
     overrides = dict(params_dtype=torch_dtype, pipeline_dtype=torch_dtype, bf16=torch_dtype == torch.bfloat16,
                      use_cpu_initialization=cpu_initialization, tensor_model_parallel_size=tp,
-                     pipeline_model_parallel_size=pp, context_parallel_size=cp, sequence_parallel=sequence_parallel, expert_model_parallel_size=ep,
-                     expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
+                     pipeline_model_parallel_size=pp, context_parallel_size=cp, sequence_parallel=sequence_parallel,
+                     expert_model_parallel_size=ep, expert_tensor_parallel_size=1, **RECOMPUTE[recompute])
     if last_stage_layers:
         overrides["num_layers_in_last_pipeline_stage"] = last_stage_layers
     if routing_replay:

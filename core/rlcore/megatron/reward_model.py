@@ -22,7 +22,8 @@ SCORE_RULE = Rename("output_layer.weight", SCORE_WEIGHT)      # the same on ever
 
 
 def classifier_architecture(causal: str) -> str:
-    """transformers' sequence classifier of a causal LM architecture (LlamaForCausalLM -> LlamaForSequenceClassification)."""
+    """transformers' sequence classifier of a causal LM architecture (LlamaForCausalLM ->
+    LlamaForSequenceClassification)."""
     return causal.replace("ForCausalLM", "ForSequenceClassification")
 
 

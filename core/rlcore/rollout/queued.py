@@ -307,7 +307,8 @@ class QueuedSource(Source):
             members = self._serving()
             parts = [pending[w::len(members)] for w in range(len(members))]
             refs = [self.rollout.episodes(slot, [prompts[i] for i in part], [metadata[i] for i in part], n, sampling,
-                                          [seeds[i] for i in part], f"eval{slot}") for (slot, _), part in zip(members, parts)]
+                                          [seeds[i] for i in part], f"eval{slot}")
+                    for (slot, _), part in zip(members, parts)]
             results = self._gather(members, refs)
             for (slot, _), part in zip(members, parts):
                 groups.update(zip(part, results.get(slot, [])))

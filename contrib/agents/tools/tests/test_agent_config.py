@@ -1,5 +1,5 @@
-"""The ``agent:`` section belongs to the tools agent (issue 38): bound to its ``AgentConfig`` when the Run is built, so a
-bad key or value, and an environment or parser no plugin registered, is refused in one line before any worker or
+"""The ``agent:`` section belongs to the tools agent (issue 38): bound to its ``AgentConfig`` when the Run is built, so
+a bad key or value, and an environment or parser no plugin registered, is refused in one line before any worker or
 engine starts (the Run's directory is not even made), on ``rlcore run`` and on ``--dry-run`` alike. Quick: no model,
 no training."""
 import sys

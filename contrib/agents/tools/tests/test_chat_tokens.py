@@ -8,8 +8,8 @@ import functools
 import pytest
 
 from rlcore_agent_tools.chat import ChatTokens, Transcript
-from rlcore_agent_tools.testing.chat_contract import (FAMILIES, DroppedBoundaryChat, check_token_exactness, family_tokenizer,
-                                          random_conversations, reencoding_transcript)
+from rlcore_agent_tools.testing.chat_contract import (FAMILIES, DroppedBoundaryChat, check_token_exactness,
+                                                      family_tokenizer, random_conversations, reencoding_transcript)
 
 CONVERSATIONS = 60
 

@@ -1,5 +1,6 @@
-"""The Python sandbox (rlcore_agent_tools.jail, python_env) contains what a policy's code may do: real subprocesses, real
-limits. Every runaway here is also bounded by the test's own code, so a broken sandbox cannot take the machine down."""
+"""The Python sandbox (rlcore_agent_tools.jail, python_env) contains what a policy's code may do: real subprocesses,
+real limits. Every runaway here is also bounded by the test's own code, so a broken sandbox cannot take the machine
+down."""
 import concurrent.futures
 import os
 import shutil

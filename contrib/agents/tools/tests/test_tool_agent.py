@@ -184,7 +184,8 @@ def test_a_prompt_that_leaves_no_room_in_the_context_is_one_line(tokenizer):
 
 
 SPLITTING_TEMPLATE = (   # marks an assistant turn once something follows it: earlier tokens change, no suffix can fit
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}~{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and not loop.last %}~{% endif %}"
     "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 

@@ -3,7 +3,8 @@
 Each prompt is sampled k times; a sample's baseline is the mean reward of the *other* k-1 samples of its prompt, so
 the advantage is unbiased without a learned critic: A_i = r_i - mean_{j != i} r_j = k/(k-1) * (r_i - mean_j r_j).
 The policy loss is the importance-weighted REINFORCE term, clipped as in PPO so that several updates per batch stay
-close to the sampling policy. Uses only rlcore's public API: ``Algorithm``, ``hookimpl``, ``rlcore.losses``, ``rlcore.rollout_correction``.
+close to the sampling policy. Uses only rlcore's public API: ``Algorithm``, ``hookimpl``, ``rlcore.losses``,
+``rlcore.rollout_correction``.
 """
 from __future__ import annotations
 

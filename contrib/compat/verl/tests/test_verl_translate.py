@@ -319,7 +319,8 @@ def test_the_reward_models_token_budget_follows_verls_defaults():
     ([*RM_ON, "custom_reward_function.path=/r.py"], f"{RM}.enable", "set reward_model.use_reward_loop=False"),
     ([*RM_ON, f"{RM}.enable_resource_pool=True"], f"{RM}.enable_resource_pool", "give both"),
     ([*RM_ON, f"{RM}.model.external_lib=my_models"], f"{RM}.model.external_lib", "installed model family"),
-    ([*RM_ON, f"{RM}.micro_batch_size=64"], f"{RM}.micro_batch_size", "closest rlcore setting: reward_model.micro_batch_size"),
+    ([*RM_ON, f"{RM}.micro_batch_size=64"], f"{RM}.micro_batch_size",
+     "closest rlcore setting: reward_model.micro_batch_size"),
     ([*RM_ON, f"{RM}.megatron.virtual_pipeline_model_parallel_size=2"], "virtual_pipeline", "interleaved"),
     ([*RM_ON, f"{RM}.load_weight=False"], f"{RM}.load_weight", "random weights"),
     ([f"{RM}.reward_loop_source=importlib"], f"{RM}.reward_loop_source", "custom reward-loop classes"),
@@ -603,8 +604,9 @@ def test_the_doc_table_is_generated_from_the_table():
 # --- end to end -----------------------------------------------------------------------------------------------------
 
 def _gsm8k_job(tmp_path, chat_tokenizer):
-    """The tiny GSM8K job of tests/e2e/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a verl-style
-    compute_score that prefers short answers (a random model solves nothing; this gives the update a gradient)."""
+    """The tiny GSM8K job of tests/e2e/test_gsm8k_e2e.py: a tiny Qwen3 checkpoint, GSM8K-format Parquet, and a
+    verl-style compute_score that prefers short answers (a random model solves nothing; this gives the update a
+    gradient)."""
     from rlcore.cli import main
     from rlcore_testing.models import tiny_checkpoint
     from rlcore_testing.gsm8k import gsm8k_lines

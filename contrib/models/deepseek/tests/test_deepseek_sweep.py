@@ -1,6 +1,7 @@
 """Conformance sweep: DeepSeek-V3's and Moonlight-16B-A3B's published configs with their sizes scaled down, every key
-the plugin reads varied one at a time and together (rlcore_testing.models.sweep_tests): each case matches transformers or is
-refused by name. Moonlight publishes rms_norm_eps 1e-5, which transformers does not apply to the MLA latent norms."""
+the plugin reads varied one at a time and together (rlcore_testing.models.sweep_tests): each case matches transformers
+or is refused by name. Moonlight publishes rms_norm_eps 1e-5, which transformers does not apply to the MLA latent
+norms."""
 from rlcore_testing.models import OMIT, published_config, sweep_tests
 from rlcore_model_deepseek.plugin import DEEPSEEK_V3, MOONLIGHT
 

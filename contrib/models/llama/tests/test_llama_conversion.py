@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlcore.megatron.parallel import init_parallel
-from rlcore_testing.models import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact, build_megatron,
-                            published_config, tiny_checkpoint)
+from rlcore_testing.models import (assert_logits_match, assert_round_trip_exact, assert_tp_conversion_exact,
+                                   build_megatron, published_config, tiny_checkpoint)
 from rlcore_model_llama.plugin import LLAMA
 
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=32, ffn_hidden_size=96,

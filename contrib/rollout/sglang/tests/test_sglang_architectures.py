@@ -38,7 +38,8 @@ def test_the_list_read_from_source_is_sglangs_registry():
     ({"architectures": ["Qwen3ForCausalLM"]}, True, None),
     ({"architectures": ["Qwen3MoeForCausalLM"]}, True, None),
     ({**MIXTRAL, "head_dim": 16}, True, None),
-    ({**MIXTRAL, "head_dim": 32}, True, "SGLang's Mixtral derives head_dim from hidden_size / num_attention_heads = 16"),
+    ({**MIXTRAL, "head_dim": 32}, True,
+     "SGLang's Mixtral derives head_dim from hidden_size / num_attention_heads = 16"),
     ({"architectures": ["NoSuchForCausalLM"]}, False, "SGLang 0.5.23 has no model class for architecture NoSuch"),
     ({"architectures": ["DeepseekV3ForCausalLM"]}, False, None),       # a dry run plans for GPUs
     ({"architectures": ["DeepseekV3ForCausalLM"]}, True, "disagrees with transformers by 0.22"),

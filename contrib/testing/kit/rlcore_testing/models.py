@@ -54,8 +54,8 @@ def tiny_checkpoint(spec: ModelSpec, path: str, vocab_size: int = 48, seed: int 
 
 def write_checkpoint(hf_config: dict, path: str, seed: int = 0):
     """transformers builds a random model from ``hf_config`` (norms and routers randomised) and saves it (in files
-    of 100 KB with an index); then config.json is rewritten exactly as given, so that keys it leaves out stay out, as in a published checkpoint.
-    Returns the transformers model (eval)."""
+    of 100 KB with an index); then config.json is rewritten exactly as given, so that keys it leaves out stay out, as in
+    a published checkpoint. Returns the transformers model (eval)."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(**hf_config)

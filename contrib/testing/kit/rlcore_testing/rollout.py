@@ -44,12 +44,13 @@ in-process engine per process) and each test asks it to run one check. Requests 
   push, resume the KV cache) gives the same outputs as before (a backend's contract names it ``not_applicable``
   where it cannot);
 - ``stop_is_idempotent``: ``stop()`` twice (the last check: it ends the module's engine);
-- ``routed_experts`` (``rlcore_testing.routed_experts.ROUTED_EXPERTS_CHECKS``), on a contract of its own per tiny MoE model of ``MOE_MODELS``
-  (``RolloutContract.routed_experts_models``), the engine started with ``routed_experts=True``, for a backend whose
-  ``RolloutBackendSpec.routed_experts`` names this machine's device type (skipped elsewhere): concurrent requests of
-  several prompt lengths and budgets, one of them aborted, each return routes [len(prompt) + len(tokens) - 1, MoE
-  layers, top_k] int16, every row ascending without a repeat, equal to transformers' routers on the sequence alone
-  (unpadded, fp32: exactly); after a push of the same weights, the same routes again.
+- ``routed_experts`` (``rlcore_testing.routed_experts.ROUTED_EXPERTS_CHECKS``), on a contract of its own per tiny MoE
+  model of ``MOE_MODELS`` (``RolloutContract.routed_experts_models``), the engine started with ``routed_experts=True``,
+  for a backend whose ``RolloutBackendSpec.routed_experts`` names this machine's device type (skipped elsewhere):
+  concurrent requests of several prompt lengths and budgets, one of them aborted, each return routes
+  [len(prompt) + len(tokens) - 1, MoE layers, top_k] int16, every row ascending without a repeat, equal to
+  transformers' routers on the sequence alone (unpadded, fp32: exactly); after a push of the same weights, the same
+  routes again.
 
 Known limitations of a backend are a table ``{check: reason}``: those checks become strict xfails, so the table
 fails as soon as a limitation goes away (and naming a check that does not exist is an error).
