@@ -202,8 +202,7 @@ class RewardTrainingConfig:
     optimizer are reward_model.*'s; train-rm's checkpoints, resume and loggers are trainer.*'s."""
     train_files: List[str] = field(default_factory=list)   # Parquet rows of prompt, chosen, rejected (text, or chat
                                   # messages); verl's and OpenRLHF's column names are these
-    val_files: List[str] = field(default_factory=list)     # held-out pairs; none: val_pairs taken from the training
-                                  # ones
+    val_files: List[str] = field(default_factory=list)     # held-out pairs; none: val_pairs from the training ones
     prompt_key: str = "prompt"    # empty: chosen and rejected hold the whole conversation
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
