@@ -1,6 +1,6 @@
 """rlcore against TRL's GRPOTrainer on the quickstart, side by side, from the same starting checkpoint.
 
-    python bench/trl_side_by_side.py [--seeds 0,1,2] [--steps 300] [--cores 1] [--smoke]
+    python bench/trl_side_by_side.py [--seeds 0,1,2] [--steps 300] [--cores 1] [--smoke] [key=value ...]
 
 TRL (``TRL_PIN``) lives in a venv of its own (``TRL_VENV``, made on first use: ``--prepare`` makes it and exits;
 ``scripts/install.sh`` does that), layered on this one (it sees rlcore's packages through a ``site.addsitedir``
@@ -17,9 +17,10 @@ line), so that it never changes rlcore's environment. For each seed, from the qu
   median step time from a trainer callback (generation, reward and update, as rlcore's step);
 - one evaluator for both final checkpoints and the starting one: greedy answers to the task's 200 held-out prompts
   from a vLLM engine, scored by the run's exact-match reward.
-Seeds run one after another (never beside each other). Last line: ``rlcore/TRL step time <x>, final accuracy <a> vs
-<b>`` (the mean over seeds of the ratio of median step times; the mean accuracies). Goal (issue 39): <= 0.85x
-with accuracy level or better.
+``key=value``: overrides of the quickstart's starting model, e.g. ``model.tiny.hidden_size=512`` to compare at
+another size (its warm start built and cached for it, as ``rlcore run`` does). Seeds run one after another (never
+beside each other). Last line: ``rlcore/TRL step time <x>, final accuracy <a> vs <b>`` (the mean over seeds of the
+ratio of median step times; the mean accuracies). Goal (issue 39): <= 0.85x with accuracy level or better.
 ``--smoke`` (tests/integration/test_bench_smoke.py): one seed, 2 steps of 4 prompts x 2 samples from the model as
 built (no warm start), 20 held-out prompts.
 """
@@ -184,6 +185,7 @@ def main() -> int:
     parser.add_argument("--trl-run", help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="the starting model's quickstart overrides (see above)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -206,7 +208,7 @@ def main() -> int:
     steps = SMOKE["steps"] if args.smoke else args.steps
     with tempfile.TemporaryDirectory() as work:
         smoke = ["warm_start.steps=0", "warm_start.target_accuracy=0", f"warm_start.cache_dir={work}/cache"]
-        cfg, _, checkpoint = quickstart_checkpoint(smoke if args.smoke else [])
+        cfg, _, checkpoint = quickstart_checkpoint((smoke if args.smoke else []) + args.overrides)
         batch = dict(prompts=SMOKE["prompts"], n=SMOKE["n"]) if args.smoke else \
             dict(prompts=cfg.trainer.prompts_per_step, n=cfg.rollout.n)
         rows = []
@@ -218,7 +220,8 @@ def main() -> int:
         evaluate_to([checkpoint] + [r[side]["final"] for r in rows for side in ("ours", "theirs")],
                     SMOKE["eval_size"] if args.smoke else None, accuracies)
         start, *finals = json.load(open(accuracies))
-    print(f"quickstart: {batch['prompts']} prompts x {batch['n']} samples, {steps} steps, from held-out accuracy "
+    print(f"quickstart{' (' + ' '.join(args.overrides) + ')' if args.overrides else ''}: {batch['prompts']} prompts "
+          f"x {batch['n']} samples, {steps} steps, from held-out accuracy "
           f"{start:.3f}; {TRL_PIN} (transformers generation, {args.cores} torch threads), rlcore with vLLM "
           f"({'async, a trainer and a rollout worker' if args.cores == 2 else 'colocated, one process'})")
     print(f"{'seed':>4} {'rlcore step s':>13} {'TRL step s':>10} {'rlcore/TRL':>10} {'rlcore acc':>10} {'TRL acc':>8}")
