@@ -48,26 +48,25 @@ class Shapes(Task):
 
     def _example(self, rng: random.Random) -> tuple[str, dict]:
         """A picture (each cell empty or a square of a colour, jittered in size and place) and a question on it."""
-        if self.options.scene == "group":
-            return self._group_example(rng)
-        cells = [rng.choice(list(COLOURS)) if rng.random() < self.options.fill else None for _ in CELLS]
-        question = rng.choice(self.questions)
-        if question == "count":
-            colour = rng.choice(list(COLOURS))
-            text, answer = f"count {colour}", str(cells.count(colour))
-        else:
-            cell = rng.randrange(len(CELLS))
-            text, answer = f"colour {CELLS[cell]}", cells[cell] or "none"
+        cells, text, answer = (self._group_scene if self.options.scene == "group" else self._grid_scene)(rng)
         return f"{IMAGE_TAG} {text}", {"answer": answer, IMAGES: [self._draw(cells, rng)]}
 
-    def _group_example(self, rng: random.Random) -> tuple[str, dict]:
+    def _grid_scene(self, rng: random.Random) -> tuple[list[str | None], str, str]:
+        """Each cell empty or a square of any colour: how many of one colour, or which colour one cell holds."""
+        cells = [rng.choice(list(COLOURS)) if rng.random() < self.options.fill else None for _ in CELLS]
+        if rng.choice(self.questions) == "count":
+            colour = rng.choice(list(COLOURS))
+            return cells, f"count {colour}", str(cells.count(colour))
+        cell = rng.randrange(len(CELLS))
+        return cells, f"colour {CELLS[cell]}", cells[cell] or "none"
+
+    def _group_scene(self, rng: random.Random) -> tuple[list[str | None], str, str]:
         """0-4 squares of one colour in distinct cells: how many, and which colour ("none" without any)."""
         count, colour = rng.randint(0, len(CELLS)), rng.choice(list(COLOURS))
         chosen = set(rng.sample(range(len(CELLS)), count))
         cells = [colour if i in chosen else None for i in range(len(CELLS))]
         question = rng.choice(self.questions)
-        answer = str(count) if question == "count" else (colour if count else "none")
-        return f"{IMAGE_TAG} {question}", {"answer": answer, IMAGES: [self._draw(cells, rng)]}
+        return cells, question, str(count) if question == "count" else (colour if count else "none")
 
     def _draw(self, cells: list[str | None], rng: random.Random):
         from PIL import Image, ImageDraw
